@@ -1,0 +1,55 @@
+# The two set-up commands are `make demo` and `make test` (see README.md).
+# Everything else here is a building block of those two.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+# Debian packages the tests need: corosync (libcpg4, libquorum5, libvotequorum8
+# come with it) for the real site bus, prometheus for promtool, and what
+# python-qpid-proton's source build needs (gcc, headers, libssl-dev for TLS).
+DEB_PKGS := corosync prometheus libssl-dev gcc python3-dev iproute2 procps
+PYTEST_ARGS ?=
+
+.PHONY: demo test check-fast lint typecheck pytest deb venv clean
+
+demo: deb $(STAMP)
+	$(VENV)/bin/drgate demo
+
+test: deb $(STAMP) lint typecheck pytest
+
+check-fast: $(STAMP)
+	$(VENV)/bin/pytest -q -m "not slow and not corosync and not e2e and not spark" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP)
+	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+# Install the Debian packages only when something is missing, so that a
+# developer without root can still run the fast suites.
+deb:
+	@missing=""; for p in $(DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
