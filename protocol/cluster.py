@@ -827,7 +827,15 @@ def _decode_one(kind: int, key: str, rest: memoryview) -> Command:
         return _BUILD[kind](key, m, tail)
     except RemoteProtocolError:
         raise
-    except (ConstructError, UnicodeDecodeError, ValueError, KeyError) as exc:
+    except (
+        ConstructError,
+        struct.error,
+        UnicodeDecodeError,
+        ValueError,
+        KeyError,
+        IndexError,
+        OverflowError,
+    ) as exc:
         raise RemoteProtocolError(f"malformed {Kind(kind).name} command: {exc}") from exc
 
 

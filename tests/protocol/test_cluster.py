@@ -1,0 +1,248 @@
+"""Bus commands and frames (protocol/cluster): round trips, golden vectors, robustness."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from protocol import cluster as c
+from protocol.errors import RemoteProtocolError
+from protocol.modes import Mode, Role
+
+VECTORS = Path(__file__).parent.parent / "vectors" / "cluster"
+REGENERATE = os.environ.get("DRGATE_REGENERATE_VECTORS") == "1"
+
+# ---------------------------------------------------------------------------
+# Strategies
+# ---------------------------------------------------------------------------
+
+names = st.text(max_size=20)
+u64 = st.integers(0, 2**64 - 1)
+u32 = st.integers(0, 2**32 - 1)
+values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=10),
+    st.binary(max_size=10),
+)
+value_maps = st.dictionaries(st.text(max_size=8), values, max_size=4)
+positions = st.lists(u64, max_size=5).map(tuple)
+bodies = st.binary(max_size=64)
+
+simple_commands = st.one_of(
+    st.builds(c.QueueDeclare, names, value_maps),
+    st.builds(c.QueueDelete, names),
+    st.builds(c.ExchangeDeclare, names, st.sampled_from(c.ExchangeType), value_maps),
+    st.builds(c.ExchangeDelete, names),
+    st.builds(c.Bind, names, names, names, value_maps),
+    st.builds(c.Unbind, names, names, names),
+    st.builds(c.Publish, names, names, bodies, names, value_maps, u64),
+    st.builds(c.Acquire, names, u64, u32, u32),
+    st.builds(c.Accept, names, u64, positions),
+    st.builds(c.Release, names, u64, positions, st.booleans()),
+    st.builds(c.Purge, names),
+    st.builds(c.SessionOpen, u64),
+    st.builds(c.SessionClose, u64),
+    st.builds(c.StateChunk, u32, u32, u32, u32, st.booleans(), bodies),
+    st.builds(c.RulesSwitch, bodies),
+    st.builds(c.Enqueue, names, u64, bodies, names, value_maps, st.booleans()),
+    st.builds(c.Dequeue, names, positions),
+    st.builds(c.Promote, names, u32, u64),
+    st.builds(c.AcceptIncarnation, names, u64),
+    st.builds(c.AckWatermark, names, u64, u64, u64),
+    st.builds(c.MemberReady, st.sampled_from(Role), u32, u32),
+    st.builds(c.Genesis, names, u64),
+)
+
+
+@st.composite
+def replicated(draw: st.DrawFn) -> c.Replicated:
+    inner = draw(st.lists(simple_commands, max_size=3))
+    modes = draw(st.lists(st.sampled_from(Mode), min_size=len(inner), max_size=len(inner)))
+    return c.Replicated(
+        draw(names), draw(u64), draw(u64), draw(u32), draw(u64), tuple(modes), tuple(inner)
+    )
+
+
+commands = st.one_of(simple_commands, replicated())
+
+
+def test_every_kind_has_a_strategy_and_a_sample() -> None:
+    covered = {type(cmd).KIND for cmd in SAMPLES.values()}
+    assert covered == set(c.Kind)
+
+
+@given(st.lists(commands, max_size=8))
+def test_frame_round_trip(cmds: list[c.Command]) -> None:
+    frame = c.encode_frame(cmds)
+    assert c.decode_frame_untrusted(frame) == cmds
+    refs = c.scan_frame_untrusted(frame)
+    assert [(kind, key) for kind, key, _size, _offset in refs] == [
+        (int(cmd.KIND), cmd.key) for cmd in cmds
+    ]
+    assert [c.decode_ref_untrusted(frame, ref) for ref in refs] == cmds
+
+
+def test_bodies_are_views_of_the_frame_not_copies() -> None:
+    frame = c.encode_frame([c.Publish("", "q", b"payload" * 10)])
+    (cmd,) = c.decode_frame_untrusted(frame)
+    assert isinstance(cmd, c.Publish)
+    assert isinstance(cmd.body, memoryview)
+    assert cmd.body.obj is frame
+
+
+# ---------------------------------------------------------------------------
+# Golden vectors: one per kind, both ways.
+# ---------------------------------------------------------------------------
+
+SAMPLES: dict[str, c.Command] = {
+    "queue_declare": c.QueueDeclare(
+        "orders", {"qpid.replicate": "all", "qpid.queue_event_generation": 2, "durable": True}
+    ),
+    "queue_delete": c.QueueDelete("orders"),
+    "exchange_declare": c.ExchangeDeclare("events", c.ExchangeType.TOPIC, {"ratio": 0.5}),
+    "exchange_delete": c.ExchangeDelete("events"),
+    "bind": c.Bind("events", "orders", "eu.#", {"x": None}),
+    "unbind": c.Unbind("events", "orders", "eu.#"),
+    "publish": c.Publish(
+        "events", "eu.fr", b"hello", "msg-1", {"region": "eu", "blob": b"\x00\x01"}, 42
+    ),
+    "acquire": c.Acquire("orders", 0x0000010000020001, 3, 10),
+    "accept": c.Accept("orders", 0x0000010000020001, (1, 2, 5)),
+    "release": c.Release("orders", 0x0000010000020001, (3,), True),
+    "purge": c.Purge("orders"),
+    "session_open": c.SessionOpen(0x0000010000020001),
+    "session_close": c.SessionClose(0x0000010000020001),
+    "state_chunk": c.StateChunk(2, 4711, 1, 0, True, b"snapshot-bytes"),
+    "rules_switch": c.RulesSwitch(b"rules-payload"),
+    "replicated": c.Replicated(
+        "site-p",
+        0x1122334455667788,
+        1000,
+        1,
+        1_700_000_000_000_000,
+        (Mode.FULL, Mode.ENQUEUE),
+        (c.Enqueue("orders", 7, b"body", "m-7", {}, False), c.Dequeue("audit", (3,))),
+    ),
+    "enqueue": c.Enqueue("orders", 7, b"body", "m-7", {"k": "v"}, True),
+    "dequeue": c.Dequeue("orders", (7, 8)),
+    "promote": c.Promote("site-p", 2, 1_700_000_000_000_000),
+    "accept_incarnation": c.AcceptIncarnation("site-p", 0x99),
+    "ack_watermark": c.AckWatermark("site-p", 0x1122334455667788, 999, 1_700_000_000_000_000),
+    "member_ready": c.MemberReady(Role.SIDECAR, 3, 4711),
+    "genesis": c.Genesis("site-p", 0x1122334455667788),
+}
+
+
+def _describe(cmd: c.Command) -> str:
+    return repr(cmd)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_golden_vector(name: str) -> None:
+    path = VECTORS / f"{name}.hex"
+    frame = c.encode_frame([SAMPLES[name]])
+    if REGENERATE:
+        path.write_text(frame.hex() + "\n")
+        (VECTORS / f"{name}.json").write_text(
+            json.dumps({"command": _describe(SAMPLES[name])}, indent=1) + "\n"
+        )
+    golden = bytes.fromhex(path.read_text().strip())
+    assert frame == golden, f"the encoding of {name} changed: a wire format change needs a version"
+    assert c.decode_frame_untrusted(golden) == [SAMPLES[name]]
+
+
+def test_golden_batched_frame() -> None:
+    path = VECTORS / "batch.hex"
+    frame = c.encode_frame(list(SAMPLES.values()))
+    if REGENERATE:
+        path.write_text(frame.hex() + "\n")
+    assert frame == bytes.fromhex(path.read_text().strip())
+
+
+# ---------------------------------------------------------------------------
+# Robustness: only RemoteProtocolError comes out of the decoders.
+# ---------------------------------------------------------------------------
+
+VALID_FRAME = c.encode_frame(list(SAMPLES.values()))
+
+
+def _decode_or_protocol_error(data: bytes) -> None:
+    with contextlib.suppress(RemoteProtocolError):
+        c.decode_frame_untrusted(data)
+
+
+@given(st.binary(max_size=200))
+def test_random_bytes_raise_only_protocol_errors(data: bytes) -> None:
+    _decode_or_protocol_error(data)
+    _decode_or_protocol_error(bytes([c.VERSION, 0]) + data)
+
+
+@given(st.integers(0, len(VALID_FRAME) - 1))
+def test_every_truncation_is_refused(cut: int) -> None:
+    with pytest.raises(RemoteProtocolError):
+        c.decode_frame_untrusted(VALID_FRAME[:cut])
+
+
+@given(st.integers(0, len(VALID_FRAME) * 8 - 1))
+def test_bit_flips_raise_only_protocol_errors(bit: int) -> None:
+    data = bytearray(VALID_FRAME)
+    data[bit // 8] ^= 1 << (bit % 8)
+    _decode_or_protocol_error(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("frame", "words"),
+    [
+        (b"", "truncated"),
+        (bytes([9, 0, 0, 0]), "version 9 is not supported"),
+        (bytes([1, 0, 0, 1]), "truncated"),
+        (bytes([1, 0, 0, 1, 200, 0, 0, 0, 0, 0, 0, 0]), "unknown bus command kind 200"),
+        (bytes([1, 0x80, 0, 0]), "unknown flags"),
+        (c.encode_frame([]) + b"x", "trailing"),
+    ],
+)
+def test_errors_say_what_was_wrong(frame: bytes, words: str) -> None:
+    with pytest.raises(RemoteProtocolError, match=words):
+        c.decode_frame_untrusted(frame)
+
+
+def test_trailing_meta_bytes_are_refused() -> None:
+    kind, key, rest = c.encode_command(c.QueueDelete("q"))
+    bad_rest = c.META_LEN.pack(1) + b"\x00"
+    frame = (
+        c.FRAME_HEADER.pack(c.VERSION, 0, 1)
+        + c.INDEX_ENTRY.pack(kind, 0, len(key), len(bad_rest))
+        + key
+        + bad_rest
+    )
+    assert rest != bad_rest
+    with pytest.raises(RemoteProtocolError, match="QUEUE_DELETE"):
+        c.decode_frame_untrusted(frame)
+
+
+def test_unknown_enum_values_are_refused() -> None:
+    frame = bytearray(c.encode_frame([c.MemberReady(Role.BROKER, 1, 1)]))
+    # The role byte is the first meta byte after the 4-byte meta length.
+    role_at = len(frame) - 9
+    assert frame[role_at] == Role.BROKER
+    frame[role_at] = 77
+    with pytest.raises(RemoteProtocolError, match="MEMBER_READY"):
+        c.decode_frame_untrusted(bytes(frame))
+
+
+def test_a_named_session_command_is_refused() -> None:
+    kind, _key, rest = c.encode_command(c.SessionOpen(1))
+    frame = (
+        c.FRAME_HEADER.pack(c.VERSION, 0, 1) + c.INDEX_ENTRY.pack(kind, 0, 1, len(rest)) + b"x"
+    ) + rest
+    with pytest.raises(RemoteProtocolError, match="empty name"):
+        c.decode_frame_untrusted(frame)
