@@ -1,0 +1,932 @@
+"""AMQP 1.0 listener: Qpid Proton's engine driven sans-IO from trio.
+
+Theory of operation
+-------------------
+Proton's engine is a byte pump: bytes from the socket go in with
+``Transport.push``, bytes for the socket come out with ``pending`` / ``peek`` /
+``pop``, what the peer did comes out of a ``Collector`` as events, and
+``Transport.tick(now)`` runs the heartbeat and idle-timeout timers with the
+time passed in.  This module owns no queue logic: it turns engine events into
+calls on an :class:`AmqpHandler` (implemented by the broker node) and gives the
+node small objects (:class:`OutgoingLink`, :class:`IncomingLink`,
+:class:`InboundDelivery`, :class:`AmqpConnection`) whose methods change the
+engine and wake the writer.
+
+One trio task per connection runs the *pump* (pops events, awaits the handler
+callbacks one at a time, so a connection's events reach the node in order),
+beside three helpers: the *reader* (socket -> ``push``), the *writer* (engine
+output -> socket) and the *timer* (``tick``).  Trio is single-threaded, so the
+node may call ``send`` / ``flow`` / ``settle`` / ``close`` from any task: each
+call changes the engine synchronously and wakes the writer.
+
+Bounds: the reader reads at most ``Transport.capacity()`` bytes (and at most
+``READ_BYTES``), the writer writes at most ``WRITE_BYTES`` at a time and waits
+for the socket, inbound messages are bounded by ``MAX_MESSAGE_BYTES`` and by
+the credit the node grants, outbound ones by the credit the client grants.
+The pump awaits each handler callback before it takes the next event, so a
+slow node slows its clients instead of buffering for them.
+
+Failure: a client that vanishes (EOF, reset, TLS error, idle timeout) ends its
+connection task; the node then hears ``on_link_closed`` for every link it was
+told about and not yet told closed, then ``on_connection_closed`` once.
+Malformed bytes make Proton close that connection with a transport error
+(``amqp:connection:framing-error`` or similar); the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import proton
+import trio
+from proton import Condition, Delivery, Endpoint, Event, Link, Message, Terminus, Transport
+
+from protocol.errors import DrgateError
+
+__all__ = [
+    "ACCEPTED",
+    "CREATE_ON_DEMAND",
+    "RELEASED",
+    "Accepted",
+    "AmqpConnection",
+    "AmqpHandler",
+    "AmqpLinkClosedError",
+    "InboundDelivery",
+    "IncomingLink",
+    "Modified",
+    "Outcome",
+    "OutgoingLink",
+    "Rejected",
+    "Released",
+    "serve_amqp",
+]
+
+log = logging.getLogger(__name__)
+
+# Read at most this much per receive: a few frames of Proton's default
+# 16 KiB... 64 KiB max frame, small enough to keep one connection from hogging the loop.
+READ_BYTES = 64 * 1024
+# Write at most this much per send_all: matches the read size; loopback moves
+# ~3 GB/s with 64 KiB writes on our machines (field notes).
+WRITE_BYTES = 64 * 1024
+# A whole message larger than this closes its link with
+# amqp:link:message-size-exceeded; advertised to clients as max-message-size.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# Idle timeout we ask of clients (Proton advertises half of it as our
+# heartbeat interval).  A client silent for this long is dropped.
+IDLE_TIMEOUT_S = 60.0
+# When no timer is pending, re-check at this interval (the peer's idle timeout
+# becomes known only after its open frame).
+TIMER_POLL_S = 1.0
+# A TLS handshake that takes longer than this is abandoned.
+HANDSHAKE_TIMEOUT_S = 10.0
+# Teardown callbacks (on_link_closed / on_connection_closed) get this long
+# even when the server is being cancelled.
+TEARDOWN_GRACE_S = 5.0
+# The container id we announce in our open frame.
+CONTAINER_ID = "drgate-broker"
+# Source/target capability a client sets to ask that the node be created.
+CREATE_ON_DEMAND = "create-on-demand"
+
+_CONNECTION_IDS = itertools.count(1)
+
+
+class AmqpLinkClosedError(DrgateError):
+    """The link (or its connection) is closed; nothing more can be sent on it."""
+
+
+# ---------------------------------------------------------------------------
+# Outcomes
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Accepted:
+    """The message was taken (a publish is stored; a delivery is consumed)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rejected:
+    """The message is refused; ``condition`` is an AMQP error symbol."""
+
+    condition: str = "amqp:internal-error"
+    description: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Released:
+    """Not processed; may be delivered again (to anyone)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Modified:
+    """Like released, with the flags AMQP's ``modified`` outcome carries."""
+
+    delivery_failed: bool = False
+    undeliverable_here: bool = False
+    annotations: dict[str, Any] | None = None
+
+
+Outcome = Accepted | Rejected | Released | Modified
+ACCEPTED = Accepted()
+RELEASED = Released()
+
+
+def _apply_outcome(dlv: Delivery, outcome: Outcome) -> None:
+    """Set our local disposition on ``dlv`` (does not settle)."""
+    if isinstance(outcome, Accepted):
+        dlv.update(Delivery.ACCEPTED)
+    elif isinstance(outcome, Rejected):
+        dlv.local.condition = Condition(outcome.condition, outcome.description or None)
+        dlv.update(Delivery.REJECTED)
+    elif isinstance(outcome, Released):
+        dlv.update(Delivery.RELEASED)
+    elif isinstance(outcome, Modified):
+        dlv.local.failed = outcome.delivery_failed
+        dlv.local.undeliverable = outcome.undeliverable_here
+        if outcome.annotations:
+            dlv.local.annotations = {proton.symbol(k): v for k, v in outcome.annotations.items()}
+        dlv.update(Delivery.MODIFIED)
+    else:  # pragma: no cover - exhaustive
+        raise TypeError(f"not an outcome: {outcome!r}")
+
+
+def _remote_outcome(dlv: Delivery) -> Outcome:
+    """The outcome the client gave ``dlv``.
+
+    A delivery the client settled without any outcome counts as released:
+    the client acknowledged nothing, so nothing may be lost.
+    """
+    state = dlv.remote_state
+    if state == Delivery.ACCEPTED:
+        return ACCEPTED
+    if state == Delivery.REJECTED:
+        cond = dlv.remote.condition
+        if cond is None:
+            return Rejected()
+        return Rejected(str(cond.name), cond.description or "")
+    if state == Delivery.MODIFIED:
+        ann = dlv.remote.annotations
+        return Modified(
+            delivery_failed=bool(dlv.remote.failed),
+            undeliverable_here=bool(dlv.remote.undeliverable),
+            annotations={str(k): v for k, v in ann.items()} if ann else None,
+        )
+    return RELEASED
+
+
+_TERMINAL_STATES = frozenset(
+    {Delivery.ACCEPTED, Delivery.REJECTED, Delivery.RELEASED, Delivery.MODIFIED}
+)
+
+
+# ---------------------------------------------------------------------------
+# The handler contract
+# ---------------------------------------------------------------------------
+
+
+class AmqpHandler(Protocol):
+    """What the broker node implements.  Every callback is awaited by the
+    connection's pump before the next event of that connection is processed,
+    so a callback that waits slows that client down (backpressure) and the
+    order of one connection's events is kept.
+
+    A callback that raises closes that connection with ``amqp:internal-error``
+    (logged with its traceback); it never takes the server down.
+    """
+
+    async def on_sender_link(self, link: OutgoingLink) -> None:
+        """A client attached a link to RECEIVE from ``link.address``.
+
+        Return to accept it (the attach is answered when the callback
+        returns), or call ``link.close(condition, description)`` first to
+        refuse it.  For a dynamic source call ``link.set_address(...)``.
+        """
+        ...
+
+    async def on_receiver_link(self, link: IncomingLink) -> None:
+        """A client attached a link to SEND to ``link.address`` (``None``: the
+        anonymous relay, each message names its ``address``).  Grant credit
+        with ``link.flow(n)``, or refuse with ``link.close(...)``."""
+        ...
+
+    async def on_message(self, link: IncomingLink, delivery: InboundDelivery) -> None:
+        """A whole message arrived on ``link``.  Settle it now or later with
+        ``delivery.settle(outcome)``.  Each message used one credit."""
+        ...
+
+    async def on_credit(self, link: OutgoingLink, credit: int) -> None:
+        """The client changed the credit of ``link`` (``credit`` is the total
+        now available; ``link.drain`` says whether it asks for a drain)."""
+        ...
+
+    async def on_outcome(self, link: OutgoingLink, token: object, outcome: Outcome) -> None:
+        """The client settled the message sent with ``token``."""
+        ...
+
+    async def on_link_closed(self, link: OutgoingLink | IncomingLink) -> None:
+        """``link`` ended (detach, session end, connection end, or our own
+        ``close``).  Called exactly once for every link handed to
+        ``on_sender_link`` / ``on_receiver_link``.  Tokens still in
+        ``link.unsettled_tokens()`` got no outcome: release them."""
+        ...
+
+    async def on_connection_closed(self, conn: AmqpConnection) -> None:
+        """The connection ended, cleanly or not.  Called exactly once per
+        connection, after ``on_link_closed`` for each of its links."""
+        ...
+
+
+# ---------------------------------------------------------------------------
+# Links and deliveries handed to the node
+# ---------------------------------------------------------------------------
+
+
+def _data_to_py(data: proton.Data) -> Any:
+    """Decode a terminus Data (map or array); ``None`` when empty."""
+    data.rewind()
+    if not data.next():
+        return None
+    return data.get_object()
+
+
+def _str_keys(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): v for k, v in value.items()}
+
+
+def _symbols(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (str(value),)
+    try:
+        return tuple(str(v) for v in value)
+    except TypeError:
+        return ()
+
+
+class _LinkBase:
+    """What both link directions share."""
+
+    def __init__(self, conn: AmqpConnection, pn: Link, terminus: Terminus) -> None:
+        self.connection = conn
+        self._pn = pn
+        self.name: str = pn.name
+        self.address: str | None = terminus.address
+        self.dynamic: bool = bool(terminus.dynamic)
+        self.capabilities: tuple[str, ...] = _symbols(_data_to_py(terminus.capabilities))
+        self.node_properties: dict[str, Any] = _str_keys(_data_to_py(terminus.properties))
+        self.properties: dict[str, Any] = _str_keys(pn.remote_properties)
+        self._closed = False
+        self._reported = False  # handed to the handler
+        self._closed_reported = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def create_on_demand(self) -> bool:
+        """The client asks that the node be created (capability
+        ``create-on-demand``, or a dynamic terminus)."""
+        return self.dynamic or CREATE_ON_DEMAND in self.capabilities
+
+    def declare_arguments(self) -> dict[str, Any]:
+        """Queue arguments the client gave: terminus (dynamic-node)
+        properties, overridden by link properties of the same key."""
+        args = dict(self.node_properties)
+        args.update(self.properties)
+        return args
+
+    def close(self, condition: str | None = None, description: str = "") -> None:
+        """Detach the link, with an AMQP error when ``condition`` is given.
+
+        Called during ``on_*_link`` it refuses the attach (the client sees the
+        error on its attach).  Idempotent."""
+        if self._closed:
+            return
+        if condition is not None:
+            self._pn.condition = Condition(condition, description or None)
+        if not (self._pn.state & Endpoint.LOCAL_CLOSED):
+            self._pn.close()
+        self._mark_closed()
+        self.connection._kick_writer()
+        self.connection._wake_pump()
+
+    def _mark_closed(self) -> None:
+        self._closed = True
+
+
+class OutgoingLink(_LinkBase):
+    """A link on which the node sends messages to a client (Proton sender).
+
+    ``address`` is the client's source address.  ``send`` respects credit.
+    """
+
+    def __init__(self, conn: AmqpConnection, pn: proton.Sender) -> None:
+        super().__init__(conn, pn, pn.remote_source)
+        self._sender = pn
+        self.filter: dict[str, Any] = _str_keys(_data_to_py(pn.remote_source.filter))
+        self.distribution_mode: int = pn.remote_source.distribution_mode
+        # The client asked for pre-settled (at-most-once) delivery.
+        self.presettled: bool = pn.remote_snd_settle_mode == Link.SND_SETTLED
+        self._tags = itertools.count(1)
+        self._unsettled: dict[bytes, object] = {}
+        self._credit_changed = trio.Event()
+
+    @property
+    def credit(self) -> int:
+        """Messages the client will still take; 0 when closed."""
+        return 0 if self._closed else self._sender.credit
+
+    @property
+    def drain(self) -> bool:
+        """The client asked to drain: send what you have, then ``drained()``."""
+        return bool(self._sender.drain_mode)
+
+    def set_address(self, address: str) -> None:
+        """Name the node of a dynamic source (call in ``on_sender_link``)."""
+        self.address = address
+        self._pn.source.address = address
+
+    def unsettled_tokens(self) -> list[object]:
+        """Tokens sent and not yet settled by the client, in send order."""
+        return list(self._unsettled.values())
+
+    async def wait_credit(self) -> None:
+        """Wait until credit > 0.  Raises :class:`AmqpLinkClosedError`."""
+        while True:
+            if self._closed:
+                raise AmqpLinkClosedError(f"link {self.name!r} to {self.address!r} is closed")
+            if self._sender.credit > 0:
+                return
+            await self._credit_changed.wait()
+
+    async def send(self, message: Message, token: object) -> None:
+        """Wait for credit, then hand ``message`` to the engine.
+
+        Returns once it is written into the engine (not yet on the wire).
+        The client's outcome comes back as ``on_outcome(link, token, ...)``;
+        on a pre-settled link it comes at once as ACCEPTED.
+        Raises :class:`AmqpLinkClosedError` if the link closes meanwhile.
+        """
+        await self.wait_credit()
+        self.send_nowait(message, token)
+
+    def send_nowait(self, message: Message, token: object) -> None:
+        """``send`` without waiting: raises :class:`trio.WouldBlock` without
+        credit, :class:`AmqpLinkClosedError` when closed."""
+        if self._closed:
+            raise AmqpLinkClosedError(f"link {self.name!r} to {self.address!r} is closed")
+        if self._sender.credit <= 0:
+            raise trio.WouldBlock
+        tag = str(next(self._tags))
+        dlv = self._sender.delivery(tag)
+        self._sender.send(message.encode())
+        self._sender.advance()
+        if self.presettled:
+            dlv.settle()
+            self.connection._synthetic_outcome(self, token)
+        else:
+            self._unsettled[dlv.tag.encode() if isinstance(dlv.tag, str) else dlv.tag] = token
+        self.connection._kick_writer()
+
+    def drained(self) -> None:
+        """Answer a drain request: the client's remaining credit is spent."""
+        if not self._closed:
+            self._sender.drained()
+            self.connection._kick_writer()
+
+    def _mark_closed(self) -> None:
+        super()._mark_closed()
+        self._credit_changed.set()
+
+    def _credit_event(self) -> None:
+        self._credit_changed.set()
+        self._credit_changed = trio.Event()
+
+
+class IncomingLink(_LinkBase):
+    """A link on which a client sends messages to the node (Proton receiver).
+
+    ``address`` is the client's target address (``None``: anonymous relay).
+    """
+
+    def __init__(self, conn: AmqpConnection, pn: proton.Receiver) -> None:
+        super().__init__(conn, pn, pn.remote_target)
+        self._receiver = pn
+
+    @property
+    def credit(self) -> int:
+        """Credit granted and not yet used by the client."""
+        return 0 if self._closed else self._receiver.credit
+
+    def flow(self, credit: int) -> None:
+        """Grant ``credit`` more messages to the client.  No-op when closed."""
+        if self._closed or credit <= 0:
+            return
+        self._receiver.flow(credit)
+        self.connection._kick_writer()
+
+
+class InboundDelivery:
+    """A whole message received on an :class:`IncomingLink`, to be settled.
+
+    ``presettled`` is true when the client sent it at-most-once; settling it
+    then only frees it.
+    """
+
+    __slots__ = ("_dlv", "_settled", "link", "message", "presettled", "tag")
+
+    def __init__(
+        self, link: IncomingLink, dlv: Delivery, message: Message, *, presettled: bool
+    ) -> None:
+        self.link = link
+        self._dlv = dlv
+        self.message = message
+        tag = dlv.tag
+        self.tag: bytes = tag.encode() if isinstance(tag, str) else bytes(tag)
+        self.presettled = presettled
+        self._settled = False
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    def settle(self, outcome: Outcome) -> None:
+        """Tell the client ``outcome`` and settle.  Idempotent; a no-op once
+        the link or connection is gone (the client already counts the message
+        as in doubt)."""
+        if self._settled:
+            return
+        self._settled = True
+        if self.link.connection.closed:
+            return
+        if not self.presettled:
+            _apply_outcome(self._dlv, outcome)
+        self._dlv.settle()
+        self.link.connection._kick_writer()
+
+
+# ---------------------------------------------------------------------------
+# One connection
+# ---------------------------------------------------------------------------
+
+
+class AmqpConnection:
+    """One client connection: its engine and the tasks that move its bytes.
+
+    ``peer`` is the remote address; ``peer_certificate`` the client's TLS
+    certificate as ``ssl.SSLObject.getpeercert()`` returns it (``None``
+    without TLS); ``identity`` the authenticated user (the certificate
+    subject's commonName, else its first subjectAltName, under TLS; else
+    ``"anonymous"``).
+    """
+
+    def __init__(
+        self,
+        handler: AmqpHandler,
+        stream: trio.abc.Stream,
+        *,
+        peer: str,
+        peer_certificate: dict[str, Any] | None = None,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+    ) -> None:
+        self.id = next(_CONNECTION_IDS)
+        self.peer = peer
+        self.peer_certificate = peer_certificate
+        self.identity = _certificate_identity(peer_certificate) or "anonymous"
+        self.remote_container: str | None = None
+        self.remote_condition: tuple[str, str] | None = None  # (name, description)
+        self.transport_error: tuple[str, str] | None = None
+        self._handler = handler
+        self._stream = stream
+        self._transport = Transport(Transport.SERVER)
+        self._transport.idle_timeout = idle_timeout_s
+        sasl = self._transport.sasl()
+        sasl.allowed_mechs("EXTERNAL ANONYMOUS")
+        self._transport.max_frame_size = READ_BYTES
+        self._conn = proton.Connection()
+        self._collector = proton.Collector()
+        self._conn.collect(self._collector)
+        self._transport.bind(self._conn)
+        self._links: dict[tuple[str, bool], OutgoingLink | IncomingLink] = {}
+        self._synthetic: list[tuple[OutgoingLink, object]] = []
+        self._wake = trio.Event()
+        self._write_wanted = trio.Event()
+        self._done = trio.Event()
+        self._pumped = trio.Event()  # set after each pump cycle
+        self.closed = False
+        self.statistics_messages_in = 0
+        self.statistics_messages_out = 0
+
+    def __repr__(self) -> str:
+        return f"AmqpConnection(id={self.id}, peer={self.peer!r})"
+
+    # -- node-facing ------------------------------------------------------
+
+    def close(self, condition: str | None = None, description: str = "") -> None:
+        """Close the connection (with an AMQP error when ``condition`` is set)."""
+        if self.closed:
+            return
+        if condition is not None:
+            self._conn.condition = Condition(condition, description or None)
+        self._conn.close()
+        self._kick_writer()
+        self._wake_pump()
+
+    def links(self) -> list[OutgoingLink | IncomingLink]:
+        return list(self._links.values())
+
+    # -- internal wiring --------------------------------------------------
+
+    def _kick_writer(self) -> None:
+        self._write_wanted.set()
+
+    def _wake_pump(self) -> None:
+        self._wake.set()
+
+    def _finish(self) -> None:
+        self._done.set()
+        self._wake.set()
+        self._write_wanted.set()
+
+    def _synthetic_outcome(self, link: OutgoingLink, token: object) -> None:
+        self._synthetic.append((link, token))
+        self._wake_pump()
+
+    # -- the tasks ----------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until the connection ends; never raises for peer faults."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_loop)
+                nursery.start_soon(self._write_loop)
+                nursery.start_soon(self._timer_loop)
+                await self._pump_loop()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.closed = True
+            with trio.move_on_after(TEARDOWN_GRACE_S) as scope:
+                scope.shield = True
+                await self._teardown()
+
+    async def _teardown(self) -> None:
+        for link in list(self._links.values()):
+            link._mark_closed()
+            await self._report_link_closed(link)
+        try:
+            await self._handler.on_connection_closed(self)
+        except Exception:
+            log.exception("amqp conn=%d handler on_connection_closed failed", self.id)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await self._stream.aclose()
+        self._links.clear()
+        log.info("amqp conn=%d peer=%s closed error=%s", self.id, self.peer, self.transport_error)
+
+    async def _read_loop(self) -> None:
+        while True:
+            try:
+                capacity = self._transport.capacity()
+            except proton.TransportException:
+                capacity = -1
+            if capacity < 0:
+                return  # tail closed: the engine takes no more input
+            if capacity == 0:
+                # The engine holds unprocessed input: wait for the pump.
+                self._wake_pump()
+                await self._pumped.wait()
+                continue
+            try:
+                data = await self._stream.receive_some(min(capacity, READ_BYTES))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                log.info("amqp conn=%d peer=%s read failed: %s", self.id, self.peer, exc)
+                data = b""
+            if not data:
+                self._transport.close_tail()
+                self._wake_pump()
+                self._kick_writer()
+                return
+            try:
+                self._transport.push(bytes(data))
+            except (proton.TransportException, OverflowError) as exc:
+                log.info("amqp conn=%d peer=%s bad input: %s", self.id, self.peer, exc)
+            self._wake_pump()
+            self._kick_writer()
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._write_wanted.wait()
+            self._write_wanted = trio.Event()
+            while True:
+                try:
+                    pending = self._transport.pending()
+                except proton.TransportException:
+                    pending = -1
+                if pending < 0:
+                    # Head closed and all output written: this connection is over.
+                    self._finish()
+                    return
+                if pending == 0:
+                    break
+                data = self._transport.peek(min(pending, WRITE_BYTES))
+                if not data:
+                    break
+                try:
+                    await self._stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    log.info("amqp conn=%d peer=%s write failed: %s", self.id, self.peer, exc)
+                    self._finish()
+                    return
+                self._transport.pop(len(data))
+            # Output may have freed input capacity, and new events may wait.
+            self._wake_pump()
+
+    async def _timer_loop(self) -> None:
+        while True:
+            now = trio.current_time()
+            deadline = self._transport.tick(now)
+            self._kick_writer()
+            self._wake_pump()
+            await trio.sleep_until(deadline if deadline > 0 else now + TIMER_POLL_S)
+
+    async def _pump_loop(self) -> None:
+        while not self._done.is_set():
+            await self._wake.wait()
+            self._wake = trio.Event()
+            try:
+                await self._process_events()
+            except _HandlerFailed as exc:
+                log.error(
+                    "amqp conn=%d peer=%s handler failed, closing connection",
+                    self.id,
+                    self.peer,
+                    exc_info=exc.__cause__,
+                )
+                self._conn.condition = Condition(
+                    "amqp:internal-error", "the broker failed handling this connection"
+                )
+                self._conn.close()
+            self._kick_writer()
+            self._pumped.set()
+            self._pumped = trio.Event()
+
+    async def _call(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        try:
+            await fn(*args)
+        except trio.Cancelled:
+            raise
+        except Exception as exc:
+            raise _HandlerFailed from exc
+
+    async def _process_events(self) -> None:
+        while True:
+            if self._synthetic:
+                link, token = self._synthetic.pop(0)
+                await self._call(self._handler.on_outcome, link, token, ACCEPTED)
+                continue
+            event = self._collector.peek()
+            if event is None:
+                return
+            kind = event.type
+            # Resolve what the event refers to before popping it (pop frees it).
+            pn_link = event.link
+            pn_session = event.session
+            pn_delivery = event.delivery
+            self._collector.pop()
+            await self._dispatch(kind, pn_session, pn_link, pn_delivery)
+
+    async def _dispatch(
+        self,
+        kind: Any,
+        pn_session: proton.Session | None,
+        pn_link: Link | None,
+        pn_delivery: Delivery | None,
+    ) -> None:
+        if kind == Event.CONNECTION_REMOTE_OPEN:
+            self.remote_container = self._conn.remote_container
+            self._conn.container = CONTAINER_ID
+            self._conn.open()
+        elif kind == Event.CONNECTION_REMOTE_CLOSE:
+            cond = self._conn.remote_condition
+            if cond is not None:
+                self.remote_condition = (str(cond.name), cond.description or "")
+            if not (self._conn.state & Endpoint.LOCAL_CLOSED):
+                self._conn.close()
+        elif kind == Event.SESSION_REMOTE_OPEN and pn_session is not None:
+            if pn_session.state & Endpoint.LOCAL_UNINIT:
+                pn_session.open()
+        elif kind == Event.SESSION_REMOTE_CLOSE and pn_session is not None:
+            if not (pn_session.state & Endpoint.LOCAL_CLOSED):
+                pn_session.close()
+            for key, link in list(self._links.items()):
+                if link._pn.session == pn_session:
+                    link._mark_closed()
+                    del self._links[key]
+                    await self._report_link_closed(link)
+        elif kind == Event.LINK_REMOTE_OPEN and pn_link is not None:
+            await self._on_link_remote_open(pn_link)
+        elif kind == Event.LINK_REMOTE_CLOSE and pn_link is not None:
+            key = (pn_link.name, bool(pn_link.is_sender))
+            gone = self._links.pop(key, None)
+            if not (pn_link.state & Endpoint.LOCAL_CLOSED):
+                pn_link.close()
+            if gone is not None:
+                gone._mark_closed()
+                await self._report_link_closed(gone)
+        elif kind == Event.LINK_FLOW and pn_link is not None:
+            flowed = self._links.get((pn_link.name, bool(pn_link.is_sender)))
+            if isinstance(flowed, OutgoingLink) and not flowed.closed:
+                flowed._credit_event()
+                await self._call(self._handler.on_credit, flowed, pn_link.credit)
+        elif kind == Event.DELIVERY and pn_delivery is not None and pn_link is not None:
+            owner = self._links.get((pn_link.name, bool(pn_link.is_sender)))
+            if isinstance(owner, OutgoingLink):
+                await self._on_outgoing_delivery(owner, pn_delivery)
+            elif isinstance(owner, IncomingLink):
+                await self._on_incoming_delivery(owner, pn_delivery)
+            elif not pn_delivery.settled:
+                # A delivery on a link we already closed: free it.
+                pn_delivery.settle()
+        elif kind == Event.TRANSPORT_ERROR:
+            cond = self._transport.condition
+            if cond is not None:
+                self.transport_error = (str(cond.name), cond.description or "")
+            log.info(
+                "amqp conn=%d peer=%s transport error %s", self.id, self.peer, self.transport_error
+            )
+        elif kind == Event.TRANSPORT_CLOSED:
+            self._finish()
+
+    async def _on_link_remote_open(self, pn_link: Link) -> None:
+        link: OutgoingLink | IncomingLink
+        if pn_link.is_sender:
+            assert isinstance(pn_link, proton.Sender)
+            pn_link.source.copy(pn_link.remote_source)
+            pn_link.target.copy(pn_link.remote_target)
+            pn_link.snd_settle_mode = pn_link.remote_snd_settle_mode
+            link = OutgoingLink(self, pn_link)
+        else:
+            assert isinstance(pn_link, proton.Receiver)
+            pn_link.source.copy(pn_link.remote_source)
+            pn_link.target.copy(pn_link.remote_target)
+            pn_link.max_message_size = MAX_MESSAGE_BYTES
+            link = IncomingLink(self, pn_link)
+        self._links[(link.name, bool(pn_link.is_sender))] = link
+        link._reported = True
+        if isinstance(link, OutgoingLink):
+            await self._call(self._handler.on_sender_link, link)
+        else:
+            await self._call(self._handler.on_receiver_link, link)
+        if link.closed:
+            # Refused: a refused attach is answered with an attach that has
+            # no terminus (AMQP 1.0 section 2.6.3), then the detach.
+            if isinstance(link, OutgoingLink):
+                pn_link.source.type = Terminus.UNSPECIFIED
+            else:
+                pn_link.target.type = Terminus.UNSPECIFIED
+            self._links.pop((link.name, bool(pn_link.is_sender)), None)
+            await self._report_link_closed(link)
+        elif pn_link.state & Endpoint.LOCAL_UNINIT:
+            pn_link.open()
+            if isinstance(link, OutgoingLink) and pn_link.credit > 0:
+                # Credit that came with the attach.
+                await self._call(self._handler.on_credit, link, pn_link.credit)
+
+    async def _on_outgoing_delivery(self, link: OutgoingLink, dlv: Delivery) -> None:
+        raw = dlv.tag
+        tag = raw.encode() if isinstance(raw, str) else bytes(raw)
+        token = link._unsettled.get(tag, _MISSING)
+        if token is _MISSING:
+            if dlv.settled:
+                dlv.settle()
+            return
+        if dlv.remote_state in _TERMINAL_STATES or dlv.settled:
+            outcome = _remote_outcome(dlv)
+            del link._unsettled[tag]
+            dlv.settle()
+            await self._call(self._handler.on_outcome, link, token, outcome)
+
+    async def _on_incoming_delivery(self, link: IncomingLink, dlv: Delivery) -> None:
+        if dlv.aborted:
+            dlv.settle()
+            link._receiver.advance()
+            return
+        if not dlv.readable:
+            return  # an update on a delivery we already passed on
+        if dlv.partial:
+            if dlv.pending > MAX_MESSAGE_BYTES:
+                link.close(
+                    "amqp:link:message-size-exceeded",
+                    f"message on link to {link.address!r} exceeds {MAX_MESSAGE_BYTES} bytes",
+                )
+            return
+        data = link._receiver.recv(dlv.pending)
+        presettled = bool(dlv.settled)
+        link._receiver.advance()
+        msg = Message()
+        try:
+            msg.decode(data or b"")
+        except Exception as exc:  # MessageException or DataException on bad bytes
+            if not presettled:
+                _apply_outcome(dlv, Rejected("amqp:decode-error", f"undecodable message: {exc}"))
+            dlv.settle()
+            return
+        self.statistics_messages_in += 1
+        delivery = InboundDelivery(link, dlv, msg, presettled=presettled)
+        await self._call(self._handler.on_message, link, delivery)
+
+    async def _report_link_closed(self, link: OutgoingLink | IncomingLink) -> None:
+        if not link._reported or link._closed_reported:
+            return
+        link._closed_reported = True
+        try:
+            await self._handler.on_link_closed(link)
+        except Exception:
+            log.exception("amqp conn=%d handler on_link_closed failed", self.id)
+
+
+class _HandlerFailed(Exception):
+    """A handler callback raised; ``__cause__`` holds what."""
+
+
+_MISSING = object()
+
+
+def _certificate_identity(cert: dict[str, Any] | None) -> str | None:
+    """The subject's commonName, else the first subjectAltName value."""
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    for _kind, value in cert.get("subjectAltName", ()):
+        return str(value)
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The server
+# ---------------------------------------------------------------------------
+
+
+async def serve_amqp(
+    handler: AmqpHandler,
+    host: str,
+    port: int,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve AMQP 1.0 clients on ``host:port`` until cancelled.
+
+    Start it with ``port = await nursery.start(serve_amqp, handler, host, 0)``:
+    it reports the bound port.  With ``ssl_context`` (a server context; set
+    ``verify_mode = ssl.CERT_REQUIRED`` and load a CA to require client
+    certificates) every connection is TLS.  One task per connection; a
+    connection's failure never ends the server.
+    """
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()[1]
+    log.info("amqp listening on %s:%d tls=%s", host, bound, ssl_context is not None)
+
+    async def serve_one(stream: trio.SocketStream) -> None:
+        try:
+            sockname = stream.socket.getpeername()
+            peer = f"{sockname[0]}:{sockname[1]}"
+        except OSError:
+            peer = "?"
+        conn_stream: trio.abc.Stream = stream
+        cert: dict[str, Any] | None = None
+        if ssl_context is not None:
+            tls = trio.SSLStream(stream, ssl_context, server_side=True)
+            try:
+                with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                    await tls.do_handshake()
+            except (trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
+                log.info("amqp peer=%s TLS handshake failed: %s", peer, exc)
+                with contextlib.suppress(trio.BrokenResourceError, OSError):
+                    await stream.aclose()
+                return
+            cert = tls.getpeercert()
+            conn_stream = tls
+        conn = AmqpConnection(
+            handler, conn_stream, peer=peer, peer_certificate=cert, idle_timeout_s=idle_timeout_s
+        )
+        log.info("amqp conn=%d peer=%s identity=%s open", conn.id, peer, conn.identity)
+        await conn.run()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, serve_one, listeners)
+        task_status.started(bound)
