@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import random
 import struct
@@ -66,8 +67,11 @@ def records(payloads: bool) -> st.SearchStrategy[CaptureRecord]:
     )
 
 
+Segment = tuple[SegmentHeader, list[CaptureRecord], int | None]
+
+
 @st.composite
-def segments(draw: st.DrawFn) -> tuple[SegmentHeader, list[CaptureRecord], int | None]:
+def segments(draw: st.DrawFn) -> Segment:
     header = draw(headers)
     recs = draw(st.lists(records(header.payloads), max_size=12))
     end = draw(st.none() | u64)
@@ -104,7 +108,7 @@ def read_segment(data: bytes, chunk_size: int = 7) -> tuple[CaptureReader, list[
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(segments(), st.integers(1, 64))
-def test_segment_round_trip(seg: tuple, chunk_size: int) -> None:
+def test_segment_round_trip(seg: Segment, chunk_size: int) -> None:
     header, recs, end = seg
     data = write_segment(header, recs, end)
     reader, got = read_segment(data, chunk_size)
@@ -120,7 +124,7 @@ def test_segment_round_trip(seg: tuple, chunk_size: int) -> None:
 
 @settings(max_examples=150)
 @given(segments())
-def test_scan_agrees_with_decoder(seg: tuple) -> None:
+def test_scan_agrees_with_decoder(seg: Segment) -> None:
     header, recs, end = seg
     data = write_segment(header, recs, end)
     scan = scan_segment_untrusted(data)
@@ -130,7 +134,7 @@ def test_scan_agrees_with_decoder(seg: tuple) -> None:
     head = struct.Struct(">" + "".join(_struct_code(t) for _, t in RECORD_HEAD_FIELDS))
     assert head.size == RECORD_HEAD_SIZE
     for off, rec in zip(scan.record_offsets, recs, strict=True):
-        fields = dict(zip([n for n, _ in RECORD_HEAD_FIELDS], head.unpack_from(data, off)))
+        fields = dict(zip([n for n, _ in RECORD_HEAD_FIELDS], head.unpack_from(data, off), strict=True))
         assert fields["wall_time_us"] == rec.wall_time_us
         assert fields["cseq"] == rec.cseq
         assert fields["origin_incarnation"] == rec.origin_incarnation
@@ -319,19 +323,15 @@ def _decode_everything(data: bytes) -> None:
 @settings(max_examples=300)
 @given(st.binary(max_size=300))
 def test_random_bytes_only_protocol_errors(data: bytes) -> None:
-    try:
+    with contextlib.suppress(RemoteProtocolError):
         _decode_everything(data)
-    except RemoteProtocolError:
-        pass
 
 
 @settings(max_examples=300)
 @given(st.binary(max_size=200))
 def test_random_bytes_after_valid_preamble(data: bytes) -> None:
-    try:
+    with contextlib.suppress(RemoteProtocolError):
         _decode_everything(b"DRGCAP\x01\x00" + data)
-    except RemoteProtocolError:
-        pass
 
 
 def test_every_single_bit_flip_is_detected_or_harmless() -> None:
