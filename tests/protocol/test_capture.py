@@ -134,7 +134,8 @@ def test_scan_agrees_with_decoder(seg: Segment) -> None:
     head = struct.Struct(">" + "".join(_struct_code(t) for _, t in RECORD_HEAD_FIELDS))
     assert head.size == RECORD_HEAD_SIZE
     for off, rec in zip(scan.record_offsets, recs, strict=True):
-        fields = dict(zip([n for n, _ in RECORD_HEAD_FIELDS], head.unpack_from(data, off), strict=True))
+        values = head.unpack_from(data, off)
+        fields = dict(zip([n for n, _ in RECORD_HEAD_FIELDS], values, strict=True))
         assert fields["wall_time_us"] == rec.wall_time_us
         assert fields["cseq"] == rec.cseq
         assert fields["origin_incarnation"] == rec.origin_incarnation
