@@ -1,0 +1,127 @@
+"""The site bus contract: what every backend promises (ARCHITECTURE section 4).
+
+A member joins one group and gets one stream of events in agreed order:
+``Delivery`` for each multicast message (its own included) and ``ViewChange``
+whenever the membership changes.  Every member that survives a view change
+sees it at the same point of its stream and sees the same messages in the
+same order between view changes.  ``multicast`` waits while the bus is
+congested (backpressure): nothing is buffered without bound.  A lost
+connection to the engine (corosync or the sequencer) ends the stream with
+:class:`protocol.errors.BusError`.
+
+Roles and readiness are not part of the bus: the application announces them
+with a bus command of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class MemberId:
+    """One member of a group: the node it runs on and a process number."""
+
+    node: int  # site node id (corosync nodeid; embedded: from the caller)
+    pid: int  # corosync: the CPG pid; embedded: the sequencer's connection number
+
+    def __str__(self) -> str:
+        return f"{self.node}.{self.pid}"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message, delivered in agreed order."""
+
+    sender: MemberId
+    payload: bytes  # exactly what was multicast (reassembled if chunked)
+
+
+@dataclass(frozen=True, slots=True)
+class ViewChange:
+    """The membership changed (or, corosync only, the quorum state did)."""
+
+    view_id: int  # increases with each view change a member sees
+    members: tuple[MemberId, ...]  # sorted ascending
+    joined: tuple[MemberId, ...]
+    left: tuple[MemberId, ...]
+    quorate: bool
+
+
+BusEvent = Delivery | ViewChange
+
+
+@dataclass(frozen=True, slots=True)
+class BusConfig:
+    """How to join a site bus."""
+
+    backend: str  # "embedded" | "corosync"
+    group: str
+    node: int  # this node's id (embedded needs it; corosync reads its own nodeid and checks)
+    address: str | None = None  # embedded: "HOST:PORT" of the sequencer
+
+
+@dataclass(frozen=True, slots=True)
+class BusStatistics:
+    """A snapshot of a member's buffers (for metrics and the backpressure tests).
+
+    ``events_queued`` is what waits for the application to read it now;
+    ``events_queued_max`` is the most that ever waited; ``events_queue_limit``
+    is the bound neither can exceed.  ``send_waits`` counts the times
+    ``multicast`` had to wait for the bus (backpressure).
+    """
+
+    events_queued: int
+    events_queued_max: int
+    events_queue_limit: int
+    delivered: int
+    multicast: int
+    send_waits: int
+    pending_reassembly_bytes: int = 0
+
+
+class BusMember(Protocol):
+    """A joined member.  Obtained from :func:`cluster.bus.open_bus`."""
+
+    me: MemberId
+
+    async def multicast(self, payload: bytes) -> None:
+        """Send ``payload`` to every member (this one included); waits under backpressure.
+
+        Raises ``BusError`` when the connection to the bus is lost.
+        """
+        ...
+
+    def events(self) -> AsyncIterator[BusEvent]:
+        """The one event stream; its first event is the ViewChange that includes ``me``."""
+        ...
+
+    async def leave(self) -> None:
+        """Leave the group; the stream ends after the events already received."""
+        ...
+
+
+@runtime_checkable
+class SupportsStatistics(Protocol):
+    """Backends also expose :class:`BusStatistics` (not part of ``BusMember``)."""
+
+    def statistics(self) -> BusStatistics: ...
+
+
+def parse_address(address: str | None) -> tuple[str, int]:
+    """``"HOST:PORT"`` -> ``(host, port)``; raises ``BusError`` naming the fix."""
+    from protocol.errors import BusError
+
+    if not address or ":" not in address:
+        raise BusError(
+            f"embedded bus address {address!r} is not HOST:PORT; "
+            "give the address `drgate bus --listen` printed"
+        )
+    host, _, port = address.rpartition(":")
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise BusError(f"embedded bus address {address!r}: port {port!r} is not a number") from None
+    return host.strip("[]"), port_number

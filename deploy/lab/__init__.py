@@ -1,0 +1,1 @@
+"""The local lab: corosync sites in network namespaces (netns.py)."""

@@ -1,0 +1,133 @@
+"""A bus member driven by line commands on stdin, reporting JSON lines on stdout.
+
+Used by the contract suite (and the benchmark) to run members as separate
+processes, inside a lab node's network namespace for the corosync backend.
+
+stdin commands:   send COUNT SIZE   multicast COUNT payloads of SIZE bytes
+                  slow MS           sleep MS after reading each event
+                  stats             print the member's statistics
+                  leave             leave the group and exit
+stdout lines:     {"t": "me", "me": "1.2"}
+                  {"t": "view", "id", "members", "joined", "left", "q"}
+                  {"t": "msg", "from": "1.2", "tag": "1.2|7", "len": N, "ok": bool}
+                  {"t": "sent", "n": COUNT}, {"t": "stats", ...}, {"t": "error", "text"}
+
+A payload is ``TAG|`` followed by a filler that depends on the tag, so the
+receiver can check it arrived whole (``ok``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from cluster.bus import BusConfig, Delivery, open_bus
+from protocol.errors import BusError
+from protocol.modes import Role
+
+
+def make_payload(tag: str, size: int) -> bytes:
+    head = f"{tag}|".encode()
+    seed = (sum(head) % 251).to_bytes(1, "big")
+    filler = (seed + bytes(range(256))) * (size // 257 + 1)
+    return (head + filler)[: max(size, len(head))]
+
+
+def check_payload(payload: bytes) -> tuple[str, bool]:
+    tag = payload.split(b"|", 1)[0].decode("ascii", "replace")
+    return tag, payload == make_payload(tag, len(payload))
+
+
+def emit(record: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--node", type=int, required=True)
+    parser.add_argument("--address")
+    args = parser.parse_args()
+    config = BusConfig(args.backend, args.group, args.node, args.address)
+    slow = [0.0]
+    sent = [0]
+    try:
+        async with open_bus(config, role=Role.ADMIN) as member, trio.open_nursery() as nursery:
+            emit({"t": "me", "me": str(member.me)})
+
+            async def send(count: int, size: int) -> None:
+                for _ in range(count):
+                    sent[0] += 1
+                    await member.multicast(make_payload(f"{member.me}#{sent[0]}", size))
+                emit({"t": "sent", "n": count})
+
+            async def commands() -> None:
+                stdin = trio.lowlevel.FdStream(0)
+                buffer = b""
+                while True:
+                    data = await stdin.receive_some(4096)
+                    if not data:
+                        nursery.cancel_scope.cancel()
+                        return
+                    buffer += data
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        words = line.decode().split()
+                        if not words:
+                            continue
+                        if words[0] == "send":
+                            nursery.start_soon(send, int(words[1]), int(words[2]))
+                        elif words[0] == "slow":
+                            slow[0] = int(words[1]) / 1000
+                        elif words[0] == "stats":
+                            stats = member.statistics()  # type: ignore[attr-defined]
+                            emit({"t": "stats", **dataclasses.asdict(stats)})
+                        elif words[0] == "leave":
+                            await member.leave()
+                            emit({"t": "left"})
+
+            nursery.start_soon(commands)
+            async for event in member.events():
+                if isinstance(event, Delivery):
+                    tag, ok = check_payload(event.payload)
+                    emit(
+                        {
+                            "t": "msg",
+                            "from": str(event.sender),
+                            "tag": tag,
+                            "len": len(event.payload),
+                            "ok": ok,
+                        }
+                    )
+                else:
+                    emit(
+                        {
+                            "t": "view",
+                            "id": event.view_id,
+                            "members": [str(m) for m in event.members],
+                            "joined": [str(m) for m in event.joined],
+                            "left": [str(m) for m in event.left],
+                            "q": event.quorate,
+                        }
+                    )
+                if slow[0]:
+                    await trio.sleep(slow[0])  # simulates a slow application
+            emit({"t": "end"})
+            nursery.cancel_scope.cancel()
+    except BusError as exc:
+        emit({"t": "error", "text": str(exc)})
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(trio.run(main))
