@@ -313,7 +313,8 @@ def _header_test(node: Node, problems: Problems) -> HeaderTest | None:
         return None
     ops = [k for k in ("equals", "exists", "in") if k in fields]
     header = expect_str(fields["header"], problems, what="'header'") if "header" in fields else None
-    if len(ops) != 1:
+    unknown = set(node.value) - set(HEADER_TEST_KEYS)
+    if len(ops) > 1 or (not ops and not unknown):
         problems.error(
             node.location,
             "a header test needs exactly one of 'equals', 'exists', 'in'"
@@ -321,7 +322,7 @@ def _header_test(node: Node, problems: Problems) -> HeaderTest | None:
             "e.g. {header: region, equals: eu}",
         )
         return None
-    if header is None:
+    if header is None or len(ops) != 1:
         return None
     op = ops[0]
     value_node = fields[op]

@@ -279,7 +279,9 @@ class _Converter:
     def _scalar(self, node: Any, loc: Location) -> Any:
         try:
             return self.constructor.construct_object(node, deep=True)
-        except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
+        # PyYAML's constructors fail in many ways on a bad tagged scalar
+        # (``!!timestamp x`` raises AttributeError): any failure is the text's.
+        except Exception as exc:
             detail = getattr(exc, "problem", None) or str(exc)
             self.problems.error(
                 loc,
