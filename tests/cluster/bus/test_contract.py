@@ -417,8 +417,13 @@ async def test_cut_off_node_loses_quorum_and_views_merge_when_restored(bus: Bus)
             await member.wait_for(
                 lambda m: sum(r["tag"] == f"{a.me}#30" for r in m.messages) == 1, "message 30"
             )
-        merged = [m.events[-11:] for m in (a, b, c)]
-        assert [_comparable(e) for e in merged[0]] == [_comparable(e) for e in merged[1]]
-        assert [_comparable(e) for e in merged[0]] == [_comparable(e) for e in merged[2]]
-        assert {len(v["members"]) for m in (a, b, c) for v in m.views()[-1:]} == {len(everyone)}
+        # The merge view: each side sees the other side join; after it, one stream.
+        merged = [[_comparable(e) for e in m.events[-11:]] for m in (a, b, c)]
+        assert [e[1] for e in merged[0][:1]] == [tuple(sorted(everyone, key=_member_key))]
+        assert merged[0][0] == merged[1][0]
+        assert merged[0][0][2] == (c.me,)
+        assert merged[2][0][2] == tuple(sorted([a.me, b.me], key=_member_key))
+        assert merged[0][0][1] == merged[2][0][1]
+        assert merged[0][1:] == merged[1][1:] == merged[2][1:]
+        assert all(e[0] == "msg" for e in merged[0][1:])
     site.wait_membership()

@@ -1,0 +1,541 @@
+"""Corosync site bus: CPG (closed process groups) through cffi, ABI mode.
+
+Theory of operation
+-------------------
+``libcpg.so.4`` does the real work: every member of a CPG group receives the
+group's messages and configuration changes in one agreed (total) order, and
+a configuration change sits at the same point of every surviving member's
+stream (virtual synchrony).  This module only moves data between libcpg and
+trio:
+
+* the CPG fd is awaited with ``trio.lowlevel.wait_readable``, then
+  ``cpg_dispatch(CS_DISPATCH_ONE_NONBLOCKING)`` runs one callback at a time
+  until libcpg has nothing more, so the process never holds more than one
+  dispatched message beyond its bounded event channel.  A full channel stops
+  the dispatching (corosync then holds the messages for us): the reader sets
+  the pace.
+* ``cpg_mcast_joined`` answering ``CS_ERR_TRY_AGAIN`` is backpressure: the
+  sender sleeps a short, growing while (1 ms to 20 ms; the dispatcher keeps
+  running meanwhile) and tries again.  It is never an error and never a busy
+  loop.
+* Payloads above ``CHUNK_BYTES`` are split into chunks: libcpg would fragment
+  them itself, but its fragmentation blocks the calling thread until the whole
+  message is through.  Each CPG message starts with one kind byte::
+
+      WHOLE  0x00 | payload
+      CHUNK  0x01 | u64 message number | u32 index | u32 count | data
+
+  A chunked message takes its place in the stream where its *first* chunk is
+  delivered; what follows waits behind it until its last chunk is in.  So a
+  member that joins in the middle of a chunked message (and lacks its first
+  chunk) is exactly a member that joined after that message: it drops the
+  rest, while older members deliver it before the join.  Partial messages of
+  a sender that leaves are dropped by every member at the same point.
+* Quorum comes from corosync's quorum service (libquorum): every view change
+  carries ``quorum_getquorate`` as read when the configuration change is
+  processed (corosync settles quorum before CPG reports a new configuration);
+  a quorum change without a membership change is reported as a view change
+  with nothing joined or left.  That one is local: other members see theirs
+  at their own points.
+* A lost connection to corosync (dispatch or multicast failing) ends the
+  event stream with ``BusError``.
+
+One member per process per group: CPG names a member by (nodeid, pid).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from cffi import FFI
+
+from cluster.bus.contract import (
+    BusConfig,
+    BusEvent,
+    BusStatistics,
+    Delivery,
+    MemberId,
+    ViewChange,
+)
+from protocol.errors import BusError
+from protocol.modes import Role
+
+CDEF = """
+typedef uint64_t cpg_handle_t;
+typedef int cs_error_t;
+typedef int cs_dispatch_flags_t;
+typedef int cpg_guarantee_t;
+struct cpg_address { uint32_t nodeid; uint32_t pid; uint32_t reason; };
+struct cpg_name { uint32_t length; char value[128]; };
+struct iovec { void *iov_base; size_t iov_len; };
+typedef void (*cpg_deliver_fn_t)(cpg_handle_t handle, const struct cpg_name *group_name,
+    uint32_t nodeid, uint32_t pid, void *msg, size_t msg_len);
+typedef void (*cpg_confchg_fn_t)(cpg_handle_t handle, const struct cpg_name *group_name,
+    const struct cpg_address *member_list, size_t member_list_entries,
+    const struct cpg_address *left_list, size_t left_list_entries,
+    const struct cpg_address *joined_list, size_t joined_list_entries);
+typedef struct { cpg_deliver_fn_t cpg_deliver_fn; cpg_confchg_fn_t cpg_confchg_fn; }
+    cpg_callbacks_t;
+cs_error_t cpg_initialize(cpg_handle_t *handle, cpg_callbacks_t *callbacks);
+cs_error_t cpg_finalize(cpg_handle_t handle);
+cs_error_t cpg_fd_get(cpg_handle_t handle, int *fd);
+cs_error_t cpg_max_atomic_msgsize_get(cpg_handle_t handle, uint32_t *size);
+cs_error_t cpg_dispatch(cpg_handle_t handle, cs_dispatch_flags_t dispatch_types);
+cs_error_t cpg_join(cpg_handle_t handle, const struct cpg_name *group);
+cs_error_t cpg_leave(cpg_handle_t handle, const struct cpg_name *group);
+cs_error_t cpg_mcast_joined(cpg_handle_t handle, cpg_guarantee_t guarantee,
+    const struct iovec *iovec, unsigned int iov_len);
+cs_error_t cpg_local_get(cpg_handle_t handle, unsigned int *local_nodeid);
+
+typedef uint64_t quorum_handle_t;
+typedef void (*quorum_notification_fn_t)(quorum_handle_t handle, uint32_t quorate,
+    uint64_t ring_seq, uint32_t view_list_entries, uint32_t *view_list);
+typedef struct { quorum_notification_fn_t quorum_notify_fn; } quorum_callbacks_t;
+cs_error_t quorum_initialize(quorum_handle_t *handle, quorum_callbacks_t *callbacks,
+    uint32_t *quorum_type);
+cs_error_t quorum_finalize(quorum_handle_t handle);
+cs_error_t quorum_fd_get(quorum_handle_t handle, int *fd);
+cs_error_t quorum_dispatch(quorum_handle_t handle, cs_dispatch_flags_t dispatch_types);
+cs_error_t quorum_getquorate(quorum_handle_t handle, int *quorate);
+cs_error_t quorum_trackstart(quorum_handle_t handle, unsigned int flags);
+"""
+
+CS_OK = 1
+CS_ERR_TRY_AGAIN = 6
+CS_DISPATCH_ALL = 2
+CS_DISPATCH_ONE_NONBLOCKING = 4
+CS_TRACK_CHANGES = 0x02
+CPG_TYPE_AGREED = 2
+CPG_MAX_NAME_LENGTH = 128
+
+ffi = FFI()
+ffi.cdef(CDEF)
+_libs: dict[str, Any] = {}
+
+
+def load_library(name: str) -> Any:
+    """``dlopen`` a corosync client library once; ``BusError`` when it is missing."""
+    if name not in _libs:
+        try:
+            _libs[name] = ffi.dlopen(name)
+        except OSError as exc:
+            raise BusError(
+                f"cannot load {name} ({exc}); install the Debian package corosync"
+            ) from None
+    return _libs[name]
+
+
+# Chunks stay well below CPG's atomic message size (about 1 MB here): one
+# chunk is one IPC request that never blocks on libcpg's own fragmentation,
+# and a 5 MB payload is 20 chunks.  Measured in bench/bus_bench.py.
+CHUNK_BYTES = 256 * 1024
+# Events decoded but not yet read by the application.  When it is full the
+# dispatcher stops and corosync holds the rest for us.
+EVENTS_QUEUE_LIMIT = 128
+# Backpressure waits after CS_ERR_TRY_AGAIN: short first, growing, capped.
+TRY_AGAIN_FIRST_S = 0.001
+TRY_AGAIN_MAX_S = 0.02
+# A member that cannot get a call through for this long has lost corosync.
+TRY_AGAIN_GIVE_UP_S = 60.0
+
+_WHOLE = b"\x00"
+_CHUNK_KIND = 1
+_CHUNK = struct.Struct(">BQII")  # kind, message number, index, count
+
+# Callbacks receive only the handle: it leads back to the member.
+_members_by_handle: dict[int, CorosyncMember] = {}
+_quorum_by_handle: dict[int, CorosyncMember] = {}
+
+
+def _on_deliver(handle: int, _group: Any, nodeid: int, pid: int, msg: Any, size: int) -> None:
+    member = _members_by_handle.get(handle)
+    if member is not None:
+        member._raw.append((MemberId(nodeid, pid), ffi.buffer(msg, size)[:]))
+
+
+def _on_confchg(
+    handle: int,
+    _group: Any,
+    members: Any,
+    n_members: int,
+    left: Any,
+    n_left: int,
+    joined: Any,
+    n_joined: int,
+) -> None:
+    member = _members_by_handle.get(handle)
+    if member is None:
+        return
+
+    def ids(array: Any, count: int) -> tuple[MemberId, ...]:
+        return tuple(sorted(MemberId(array[i].nodeid, array[i].pid) for i in range(count)))
+
+    member._raw.append((ids(members, n_members), ids(joined, n_joined), ids(left, n_left)))
+
+
+def _on_quorum(handle: int, quorate: int, _seq: int, _n: int, _nodes: Any) -> None:
+    member = _quorum_by_handle.get(handle)
+    if member is not None:
+        member._quorum_notified = bool(quorate)
+
+
+_deliver_callback = ffi.callback("cpg_deliver_fn_t", _on_deliver)
+_confchg_callback = ffi.callback("cpg_confchg_fn_t", _on_confchg)
+_quorum_callback = ffi.callback("quorum_notification_fn_t", _on_quorum)
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != CS_OK:
+        raise BusError(f"{what} failed with corosync error {rc}; is corosync running on this node?")
+
+
+@dataclass(eq=False)
+class _Slot:
+    """A place in the delivery order; ``event`` is None while chunks are missing."""
+
+    event: BusEvent | None
+    chunks: list[bytes] | None = None
+    dropped: bool = False
+
+
+class _EventStream:
+    def __init__(self, member: CorosyncMember) -> None:
+        self._member = member
+
+    def __aiter__(self) -> _EventStream:
+        return self
+
+    async def __anext__(self) -> BusEvent:
+        return await self._member._next_event()
+
+
+class CorosyncMember:
+    """A member of a CPG group (see the module docstring)."""
+
+    def __init__(self, config: BusConfig) -> None:
+        self._config = config
+        self._cpg = load_library("libcpg.so.4")
+        self._quorum_lib = load_library("libquorum.so.5")
+        self._raw: list[Any] = []
+        self._pending: collections.deque[_Slot] = collections.deque()
+        self._partials: dict[tuple[MemberId, int], _Slot] = {}
+        self._partial_bytes = 0
+        self._numbers = itertools.count(1)
+        self._events_send, self._events_recv = trio.open_memory_channel[BusEvent](
+            EVENTS_QUEUE_LIMIT
+        )
+        self._flush_lock = trio.Lock()
+        self._send_lock = trio.Lock()
+        self._error: BusError | None = None
+        self._leaving = False
+        self._left = False
+        self._view_id = 0
+        self._members: tuple[MemberId, ...] = ()
+        self._quorate_reported: bool | None = None
+        self._quorum_notified: bool | None = None
+        self._queued_max = 0
+        self._delivered = 0
+        self._multicast = 0
+        self._send_waits = 0
+        self._handle = 0
+        self._quorum_handle = 0
+        self._fd = -1
+        self._quorum_fd = -1
+        name = config.group.encode()
+        if len(name) > CPG_MAX_NAME_LENGTH:
+            raise BusError(f"group name {config.group!r} is longer than 128 bytes")
+        self._name = ffi.new("struct cpg_name *")
+        self._name.length = len(name)
+        ffi.memmove(self._name.value, name, len(name))
+        self.me = MemberId(config.node, os.getpid())
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def _connect(self) -> None:
+        handle = ffi.new("cpg_handle_t *")
+        callbacks = ffi.new("cpg_callbacks_t *")
+        callbacks.cpg_deliver_fn = _deliver_callback
+        callbacks.cpg_confchg_fn = _confchg_callback
+        _check(self._cpg.cpg_initialize(handle, callbacks), "cpg_initialize")
+        self._handle = int(handle[0])
+        _members_by_handle[self._handle] = self
+        nodeid = ffi.new("unsigned int *")
+        _check(self._cpg.cpg_local_get(self._handle, nodeid), "cpg_local_get")
+        if nodeid[0] != self._config.node:
+            raise BusError(
+                f"this node's corosync nodeid is {nodeid[0]} but the bus config says node "
+                f"{self._config.node}; fix the config's node id or the corosync nodelist"
+            )
+        fd = ffi.new("int *")
+        _check(self._cpg.cpg_fd_get(self._handle, fd), "cpg_fd_get")
+        self._fd = fd[0]
+
+        qhandle = ffi.new("quorum_handle_t *")
+        qcallbacks = ffi.new("quorum_callbacks_t *")
+        qcallbacks.quorum_notify_fn = _quorum_callback
+        qtype = ffi.new("uint32_t *")
+        _check(self._quorum_lib.quorum_initialize(qhandle, qcallbacks, qtype), "quorum_initialize")
+        self._quorum_handle = int(qhandle[0])
+        _quorum_by_handle[self._quorum_handle] = self
+        _check(
+            self._quorum_lib.quorum_trackstart(self._quorum_handle, CS_TRACK_CHANGES),
+            "quorum_trackstart",
+        )
+        _check(self._quorum_lib.quorum_fd_get(self._quorum_handle, fd), "quorum_fd_get")
+        self._quorum_fd = fd[0]
+
+    async def _join(self) -> None:
+        backoff = TRY_AGAIN_FIRST_S
+        with trio.fail_after(TRY_AGAIN_GIVE_UP_S):
+            while (rc := self._cpg.cpg_join(self._handle, self._name)) == CS_ERR_TRY_AGAIN:
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, TRY_AGAIN_MAX_S)
+        _check(rc, f"cpg_join of group {self._config.group!r}")
+
+    def _finalize(self) -> None:
+        if self._handle:
+            self._cpg.cpg_finalize(self._handle)
+            _members_by_handle.pop(self._handle, None)
+            self._handle = 0
+        if self._quorum_handle:
+            self._quorum_lib.quorum_finalize(self._quorum_handle)
+            _quorum_by_handle.pop(self._quorum_handle, None)
+            self._quorum_handle = 0
+
+    # -- public API ------------------------------------------------------------------
+
+    def statistics(self) -> BusStatistics:
+        return BusStatistics(
+            events_queued=self._events_recv.statistics().current_buffer_used,
+            events_queued_max=self._queued_max,
+            events_queue_limit=EVENTS_QUEUE_LIMIT,
+            delivered=self._delivered,
+            multicast=self._multicast,
+            send_waits=self._send_waits,
+            pending_reassembly_bytes=self._partial_bytes,
+        )
+
+    async def multicast(self, payload: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._leaving:
+            raise BusError(f"member {self.me} has left group {self._config.group!r}")
+        async with self._send_lock:
+            if len(payload) <= CHUNK_BYTES:
+                await self._mcast(_WHOLE, payload)
+            else:
+                number = next(self._numbers)
+                view = memoryview(payload)
+                count = (len(payload) + CHUNK_BYTES - 1) // CHUNK_BYTES
+                for index in range(count):
+                    head = _CHUNK.pack(_CHUNK_KIND, number, index, count)
+                    chunk = view[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES]
+                    await self._mcast(head, chunk)
+        self._multicast += 1
+
+    def events(self) -> AsyncIterator[BusEvent]:
+        return _EventStream(self)
+
+    async def leave(self) -> None:
+        if self._leaving or not self._handle:
+            return
+        self._leaving = True
+        self._cpg.cpg_leave(self._handle, self._name)
+
+    # -- sending ---------------------------------------------------------------------
+
+    async def _mcast(self, head: bytes, data: bytes | memoryview) -> None:
+        iov = ffi.new("struct iovec[2]")
+        head_buffer = ffi.from_buffer(head)
+        data_buffer = ffi.from_buffer(data)
+        iov[0].iov_base = head_buffer
+        iov[0].iov_len = len(head)
+        iov[1].iov_base = data_buffer
+        iov[1].iov_len = len(data)
+        backoff = TRY_AGAIN_FIRST_S
+        waited = 0.0
+        while True:
+            if not self._handle:
+                raise self._lost("the member is closed")
+            rc = self._cpg.cpg_mcast_joined(self._handle, CPG_TYPE_AGREED, iov, 2)
+            if rc == CS_OK:
+                await trio.lowlevel.checkpoint()  # let the dispatcher run between sends
+                return
+            if rc != CS_ERR_TRY_AGAIN:
+                raise self._lost(f"cpg_mcast_joined failed with corosync error {rc}")
+            # Backpressure: corosync's queues are full.  Wait, growing, and
+            # keep dispatching meanwhile (the dispatcher task runs).
+            self._send_waits += 1
+            if waited > TRY_AGAIN_GIVE_UP_S:
+                raise self._lost(f"corosync refused to send for {waited:.0f} s")
+            await trio.sleep(backoff)
+            waited += backoff
+            backoff = min(backoff * 2, TRY_AGAIN_MAX_S)
+
+    # -- receiving -------------------------------------------------------------------
+
+    def _lost(self, why: str) -> BusError:
+        if self._error is None:
+            self._error = BusError(
+                f"member {self.me} of group {self._config.group!r} lost corosync ({why}); "
+                "check `corosync-quorumtool -s` on this node and rejoin"
+            )
+        return self._error
+
+    async def _next_event(self) -> BusEvent:
+        try:
+            return await self._events_recv.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            if self._error is not None:
+                raise self._error from None
+            raise StopAsyncIteration from None
+
+    async def _dispatch_loop(self) -> None:
+        try:
+            while not self._left:
+                await trio.lowlevel.wait_readable(self._fd)
+                while not self._left:
+                    rc = self._cpg.cpg_dispatch(self._handle, CS_DISPATCH_ONE_NONBLOCKING)
+                    if rc == CS_ERR_TRY_AGAIN:
+                        break  # nothing more to dispatch now
+                    if rc != CS_OK:
+                        self._lost(f"cpg_dispatch failed with corosync error {rc}")
+                        return
+                    self._absorb()
+                    await self._flush()
+        finally:
+            self._events_send.close()
+
+    async def _quorum_loop(self) -> None:
+        while True:
+            await trio.lowlevel.wait_readable(self._quorum_fd)
+            rc = self._quorum_lib.quorum_dispatch(self._quorum_handle, CS_DISPATCH_ALL)
+            if rc != CS_OK:
+                self._lost(f"quorum_dispatch failed with corosync error {rc}")
+                self._events_send.close()
+                return
+            notified = self._quorum_notified
+            if (
+                notified is not None
+                and self._quorate_reported is not None
+                and notified != self._quorate_reported
+                and not self._left
+            ):
+                self._quorate_reported = notified
+                self._view_id += 1
+                view = ViewChange(self._view_id, self._members, (), (), notified)
+                self._pending.append(_Slot(view))
+                await self._flush()
+
+    def _quorate(self) -> bool:
+        quorate = ffi.new("int *")
+        rc = self._quorum_lib.quorum_getquorate(self._quorum_handle, quorate)
+        if rc != CS_OK:
+            raise self._lost(f"quorum_getquorate failed with corosync error {rc}")
+        return bool(quorate[0])
+
+    def _absorb(self) -> None:
+        """Turn what the callbacks collected into ordered slots."""
+        raw, self._raw = self._raw, []
+        for item in raw:
+            if len(item) == 3:
+                self._configuration_change(*item)
+                continue
+            sender, message = item
+            if message[:1] == _WHOLE:
+                self._delivered += 1
+                self._pending.append(_Slot(Delivery(sender, message[1:])))
+            elif message[:1] == b"\x01" and len(message) >= _CHUNK.size:
+                self._chunk(sender, message)
+            # Anything else is not ours (a foreign CPG client in our group): skipped.
+
+    def _chunk(self, sender: MemberId, message: bytes) -> None:
+        _kind, number, index, count = _CHUNK.unpack_from(message)
+        data = message[_CHUNK.size :]
+        key = (sender, number)
+        slot: _Slot | None
+        if index == 0:
+            slot = _Slot(None, [data])
+            self._pending.append(slot)
+            self._partials[key] = slot
+            self._partial_bytes += len(data)
+        else:
+            slot = self._partials.get(key)
+            if slot is None or slot.chunks is None or len(slot.chunks) != index:
+                return  # we joined after its first chunk: it precedes our view
+            slot.chunks.append(data)
+            self._partial_bytes += len(data)
+        if index == count - 1:
+            assert slot is not None
+            assert slot.chunks is not None
+            self._partial_bytes -= sum(len(c) for c in slot.chunks)
+            slot.event = Delivery(sender, b"".join(slot.chunks))
+            slot.chunks = None
+            self._delivered += 1
+            del self._partials[key]
+
+    def _configuration_change(
+        self,
+        members: tuple[MemberId, ...],
+        joined: tuple[MemberId, ...],
+        left: tuple[MemberId, ...],
+    ) -> None:
+        gone = set(left)
+        for key in [k for k in self._partials if k[0] in gone]:
+            slot = self._partials.pop(key)
+            slot.dropped = True
+            self._partial_bytes -= sum(len(c) for c in slot.chunks or ())
+        if not self._members and self.me not in joined:
+            # libcpg reports our pid as corosync sees it: trust the first view.
+            mine = [m for m in joined if m.node == self._config.node]
+            if len(mine) == 1:
+                self.me = mine[0]
+        quorate = self._quorate()
+        self._quorate_reported = quorate
+        self._members = members
+        self._view_id += 1
+        self._pending.append(_Slot(ViewChange(self._view_id, members, joined, left, quorate)))
+        if self.me in left:
+            self._left = True
+
+    async def _flush(self) -> None:
+        async with self._flush_lock:
+            pending = self._pending
+            send = self._events_send
+            while pending and (pending[0].event is not None or pending[0].dropped):
+                slot = pending.popleft()
+                if slot.dropped or slot.event is None:
+                    continue
+                # Full channel: wait, which stops the dispatching (backpressure).
+                if send.statistics().current_buffer_used >= EVENTS_QUEUE_LIMIT:
+                    self._send_waits += 1
+                await send.send(slot.event)
+                self._queued_max = max(self._queued_max, send.statistics().current_buffer_used)
+
+
+@asynccontextmanager
+async def open_corosync_member(config: BusConfig, *, role: Role) -> AsyncIterator[CorosyncMember]:
+    """Join ``config.group`` through this node's corosync; leave on exit."""
+    del role  # roles are announced by the application, not the bus
+    member = CorosyncMember(config)
+    try:
+        member._connect()
+        await member._join()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(member._dispatch_loop)
+            nursery.start_soon(member._quorum_loop)
+            try:
+                yield member
+            finally:
+                nursery.cancel_scope.cancel()
+                await member.leave()
+    finally:
+        member._finalize()
