@@ -1,0 +1,109 @@
+"""The site's deterministic queue state machine (ARCHITECTURE sections 5, 6).
+
+``new_state()`` makes an empty site; ``apply(state, command, sender=...)``
+applies one bus command and returns effects; ``members_left`` handles a view
+change; ``snapshot``/``restore`` move a state between members; ``digest``
+compares them.  docs/state.md describes the rules as implemented.
+"""
+
+from __future__ import annotations
+
+from cluster.state.effects import (
+    CONDITIONS,
+    Conflict,
+    Delivered,
+    Dequeued,
+    Effect,
+    Enqueued,
+    GenesisApplied,
+    IncarnationAccepted,
+    Message,
+    Outcome,
+    Promoted,
+    QueueDeclared,
+    QueueDeleted,
+    Reason,
+    Refused,
+    Released,
+    ReplicatedOutcome,
+    Sender,
+    Settled,
+)
+from cluster.state.machine import apply, apply_all, members_left
+from cluster.state.model import (
+    COUNTERS,
+    SiteState,
+    new_state,
+    session_id,
+    session_owner,
+    topic_matches,
+)
+from cluster.state.snapshot import digest, queue_digest, restore, restore_untrusted, snapshot
+from cluster.state.views import (
+    ExchangeInfo,
+    OriginInfo,
+    QueueInfo,
+    applied,
+    list_exchanges,
+    list_queues,
+    messages,
+    origin_info,
+    queue_args,
+    queue_info,
+    ready_members,
+    replica_mode,
+    route,
+    session_holdings,
+    statistics,
+)
+
+__all__ = [
+    "CONDITIONS",
+    "COUNTERS",
+    "Conflict",
+    "Delivered",
+    "Dequeued",
+    "Effect",
+    "Enqueued",
+    "ExchangeInfo",
+    "GenesisApplied",
+    "IncarnationAccepted",
+    "Message",
+    "OriginInfo",
+    "Outcome",
+    "Promoted",
+    "QueueDeclared",
+    "QueueDeleted",
+    "QueueInfo",
+    "Reason",
+    "Refused",
+    "Released",
+    "ReplicatedOutcome",
+    "Sender",
+    "Settled",
+    "SiteState",
+    "applied",
+    "apply",
+    "apply_all",
+    "digest",
+    "list_exchanges",
+    "list_queues",
+    "members_left",
+    "messages",
+    "new_state",
+    "origin_info",
+    "queue_args",
+    "queue_digest",
+    "queue_info",
+    "ready_members",
+    "replica_mode",
+    "restore",
+    "restore_untrusted",
+    "route",
+    "session_holdings",
+    "session_id",
+    "session_owner",
+    "snapshot",
+    "statistics",
+    "topic_matches",
+]

@@ -1,0 +1,390 @@
+"""The data a site's state is made of, and the small pure helpers around it.
+
+Everything here is plain mutable objects with ``__slots__``, changed only by
+:mod:`cluster.state.machine`.  Collections are ``dict`` (insertion ordered)
+or ``list``; sets are used only for membership tests, never iterated, so that
+the same history gives the same iteration order on every member and after a
+snapshot round trip.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+
+from cluster.state.effects import Message
+from protocol.cluster import ExchangeType, Value, ValueMap
+from protocol.modes import Mode, Role
+
+# --------------------------------------------------------------------------
+# Session ids
+# --------------------------------------------------------------------------
+
+SESSION_NODE_BITS = 24
+SESSION_PID_BITS = 24
+SESSION_LOCAL_BITS = 16
+
+
+def session_id(node: int, pid: int, local: int) -> int:
+    """The u64 session id ``node << 40 | pid << 16 | local``.
+
+    ``node`` and ``pid`` identify the bus member that owns the session (so
+    :func:`cluster.state.members_left` can release the sessions of a member
+    that left the view); ``local`` is the member's own number for it, which
+    may wrap as long as the member never reuses the number of a session that
+    is still open.  Raises ``ValueError`` when a part does not fit.
+    """
+    if not 0 <= node < 1 << SESSION_NODE_BITS:
+        raise ValueError(f"node id {node} does not fit in {SESSION_NODE_BITS} bits")
+    if not 0 <= pid < 1 << SESSION_PID_BITS:
+        raise ValueError(f"pid {pid} does not fit in {SESSION_PID_BITS} bits")
+    if not 0 <= local < 1 << SESSION_LOCAL_BITS:
+        raise ValueError(f"local session number {local} does not fit in {SESSION_LOCAL_BITS} bits")
+    return (node << 40) | (pid << 16) | local
+
+
+def session_owner(session: int) -> tuple[int, int]:
+    """``(node, pid)`` of the member that owns ``session``."""
+    return session >> 40, (session >> 16) & ((1 << SESSION_PID_BITS) - 1)
+
+
+# --------------------------------------------------------------------------
+# Topic matching
+# --------------------------------------------------------------------------
+
+_TOPIC_CACHE: dict[str, tuple[str, ...]] = {}
+
+
+def topic_matches(pattern: str, key: str) -> bool:
+    """AMQP topic match: words separated by ``.``; ``*`` is exactly one word,
+    ``#`` is zero or more words."""
+    words = _TOPIC_CACHE.get(pattern)
+    if words is None:
+        if len(_TOPIC_CACHE) > 4096:
+            _TOPIC_CACHE.clear()
+        words = _TOPIC_CACHE[pattern] = tuple(pattern.split("."))
+    if "#" not in words and "*" not in words:
+        return pattern == key
+    return _match(words, 0, key.split("."), 0)
+
+
+def _match(p: tuple[str, ...], i: int, k: list[str], j: int) -> bool:
+    while i < len(p):
+        w = p[i]
+        if w == "#":
+            # Collapse runs of '#', then try every split point.
+            while i + 1 < len(p) and p[i + 1] == "#":
+                i += 1
+            if i + 1 == len(p):
+                return True
+            return any(_match(p, i + 1, k, jj) for jj in range(j, len(k) + 1))
+        if j >= len(k):
+            return False
+        if w != "*" and w != k[j]:
+            return False
+        i += 1
+        j += 1
+    return j == len(k)
+
+
+# --------------------------------------------------------------------------
+# Queues
+# --------------------------------------------------------------------------
+
+MAX_COUNT_ARGS = ("qpid.max_count", "max_depth")
+"""Queue arguments giving the maximum number of messages (first found wins)."""
+MAX_SIZE_ARG = "qpid.max_size"
+"""Queue argument giving the maximum total body bytes."""
+
+
+class Replica:
+    """A queue that is a copy of ``origin``'s queue of the same name."""
+
+    __slots__ = ("high_pos", "mode", "origin")
+
+    def __init__(self, origin: str, mode: Mode, high_pos: int = 0) -> None:
+        self.origin = origin
+        self.mode = mode
+        self.high_pos = high_pos  # highest origin pos received (resync mark)
+
+
+class Queue:
+    """A FIFO queue.  ``messages`` is ordered by ``pos`` (append only; a
+    released message stays in place).  ``acquired`` maps pos to
+    ``(session, consumer)``.  ``available`` is a min-heap of positions that
+    may be available (entries of removed messages are skipped lazily): it is
+    derived data, rebuilt on restore and never part of a snapshot."""
+
+    __slots__ = (
+        "acquired",
+        "args",
+        "available",
+        "bytes",
+        "max_count",
+        "max_size",
+        "messages",
+        "name",
+        "next_pos",
+        "replica",
+        "stale",
+    )
+
+    def __init__(self, name: str, args: ValueMap, replica: Replica | None = None) -> None:
+        self.name = name
+        self.args: dict[str, Value] = dict(args)
+        self.messages: dict[int, Message] = {}
+        self.acquired: dict[int, tuple[int, int]] = {}
+        self.available: list[int] = []
+        self.stale = 0
+        self.next_pos = 1
+        self.bytes = 0
+        self.replica = replica
+        self.max_count: int | None = None
+        self.max_size: int | None = None
+        self.set_limits()
+
+    def set_limits(self) -> None:
+        self.max_count = None
+        for key in MAX_COUNT_ARGS:
+            if key in self.args:
+                self.max_count = limit_value(self.args[key])
+                break
+        self.max_size = limit_value(self.args[MAX_SIZE_ARG]) if MAX_SIZE_ARG in self.args else None
+
+    @property
+    def depth(self) -> int:
+        return len(self.messages)
+
+    def append(self, msg: Message) -> None:
+        self.messages[msg.pos] = msg
+        self.bytes += len(msg.body)
+        heapq.heappush(self.available, msg.pos)
+        if msg.pos >= self.next_pos:
+            self.next_pos = msg.pos + 1
+
+    def take(self, count: int) -> list[int]:
+        """Pop up to ``count`` available positions, lowest first."""
+        out: list[int] = []
+        heap = self.available
+        messages = self.messages
+        acquired = self.acquired
+        while heap and len(out) < count:
+            pos = heapq.heappop(heap)
+            if pos in messages and pos not in acquired:
+                out.append(pos)
+            else:
+                self.stale -= 1
+        return out
+
+    def make_available(self, pos: int) -> None:
+        heapq.heappush(self.available, pos)
+
+    def remove(self, pos: int) -> Message:
+        """Remove a message (available or acquired).  The caller updates the
+        owning session if it was acquired."""
+        msg = self.messages.pop(pos)
+        self.bytes -= len(msg.body)
+        if self.acquired.pop(pos, None) is None:
+            # Its heap entry is now stale; compact when stale entries dominate.
+            self.stale += 1
+            if self.stale > 1024 and self.stale * 2 > len(self.available):
+                self.rebuild_available()
+        return msg
+
+    def rebuild_available(self) -> None:
+        acquired = self.acquired
+        self.available = [p for p in self.messages if p not in acquired]  # sorted: a heap
+        self.stale = 0
+
+    def available_count(self) -> int:
+        return len(self.messages) - len(self.acquired)
+
+
+def limit_value(value: Value) -> int | None:
+    """A limit argument as a non-negative int, or None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
+# --------------------------------------------------------------------------
+# Exchanges
+# --------------------------------------------------------------------------
+
+PREDECLARED: tuple[tuple[str, ExchangeType], ...] = (
+    ("", ExchangeType.DIRECT),
+    ("amq.direct", ExchangeType.DIRECT),
+    ("amq.fanout", ExchangeType.FANOUT),
+    ("amq.topic", ExchangeType.TOPIC),
+)
+
+
+class Exchange:
+    """An exchange and its bindings.  ``bindings`` maps ``(queue, key)`` to the
+    binding arguments, in binding order."""
+
+    __slots__ = ("args", "bindings", "name", "predeclared", "replica_origin", "type")
+
+    def __init__(
+        self,
+        name: str,
+        type_: ExchangeType,
+        args: ValueMap,
+        *,
+        predeclared: bool = False,
+        replica_origin: str = "",
+    ) -> None:
+        self.name = name
+        self.type = type_
+        self.args: dict[str, Value] = dict(args)
+        self.bindings: dict[tuple[str, str], dict[str, Value]] = {}
+        self.predeclared = predeclared
+        self.replica_origin = replica_origin
+
+    def route(self, routing_key: str) -> Iterator[str]:
+        """Bound queue names matching ``routing_key``, in binding order
+        (duplicates possible: the caller dedups)."""
+        if self.type == ExchangeType.FANOUT:
+            for queue, _key in self.bindings:
+                yield queue
+        elif self.type == ExchangeType.DIRECT:
+            for queue, key in self.bindings:
+                if key == routing_key:
+                    yield queue
+        else:
+            for queue, key in self.bindings:
+                if topic_matches(key, routing_key):
+                    yield queue
+
+
+# --------------------------------------------------------------------------
+# Sessions, origins, the site
+# --------------------------------------------------------------------------
+
+
+class Session:
+    """An open session and what it holds: queue -> pos -> consumer, in
+    acquisition order."""
+
+    __slots__ = ("acquired", "id")
+
+    def __init__(self, id_: int) -> None:
+        self.id = id_
+        self.acquired: dict[str, dict[int, int]] = {}
+
+
+class Origin:
+    """What this site knows of a site that replicates into it.
+
+    ``incarnation`` is the accepted incarnation (0: none yet; the first
+    ``Replicated`` command seen is accepted).  ``applied`` maps incarnation to
+    the highest origin cseq applied (R1).  ``epoch`` is the accepted epoch
+    (R7); ``promoted`` is set by :class:`~protocol.cluster.Promote` and
+    cleared by a ``Replicated`` command of a higher epoch than the promotion's.
+    """
+
+    __slots__ = (
+        "applied",
+        "epoch",
+        "incarnation",
+        "last_cseq",
+        "last_time_us",
+        "name",
+        "promoted",
+        "promoted_time_us",
+        "refused_incarnation",
+    )
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.incarnation = 0
+        self.applied: dict[int, int] = {}
+        self.epoch = 0
+        self.promoted = False
+        self.promoted_time_us = 0
+        self.last_time_us = 0  # origin time of the last applied command (RPO)
+        self.last_cseq = 0  # this site's cseq when it was applied
+        self.refused_incarnation = 0  # last incarnation refused, for the operator
+
+
+COUNTERS: tuple[str, ...] = (
+    # merge rules at D
+    "r1_duplicates",
+    "r3_refused",
+    "r4_dequeues_ignored",
+    "r5_conflicts",
+    "r6_conflicts",
+    "r7_fenced",
+    "incarnation_refused",
+    "own_origin_refused",
+    "replicated_applied",
+    "replicated_stale_enqueues",
+    "replicated_unsupported",
+    "replicated_missing_queue",
+    "replicated_over_limit",
+    # local commands
+    "refused",
+    "max_depth_refused",
+    "stale_settlements",
+    "ignored",
+)
+"""Counter names, in the fixed order of ``statistics()`` and snapshots."""
+
+
+class SiteState:
+    """The whole state of a site, as every member holds it.
+
+    Build with :func:`cluster.state.new_state`; change only with
+    :func:`cluster.state.apply` and :func:`cluster.state.members_left`.
+    """
+
+    __slots__ = (
+        "cluster",
+        "counters",
+        "cseq",
+        "exchanges",
+        "incarnation",
+        "origins",
+        "queues",
+        "ready",
+        "reported",
+        "rules",
+        "rules_cseq",
+        "sessions",
+        "watermarks",
+    )
+
+    def __init__(self) -> None:
+        self.cluster = ""
+        self.incarnation = 0
+        self.cseq = 0
+        self.queues: dict[str, Queue] = {}
+        self.exchanges: dict[str, Exchange] = {}
+        self.sessions: dict[int, Session] = {}
+        self.origins: dict[str, Origin] = {}
+        self.ready: dict[tuple[int, int], Role] = {}
+        self.rules = b""
+        self.rules_cseq = 0
+        self.watermarks: dict[str, tuple[int, int, int]] = {}
+        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.reported: dict[tuple[str, str], None] = {}
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] += n
+
+
+def new_state() -> SiteState:
+    """An empty site: no incarnation yet, cseq 0, the predeclared exchanges."""
+    state = SiteState()
+    for name, type_ in PREDECLARED:
+        state.exchanges[name] = Exchange(name, type_, {}, predeclared=True)
+    return state
+
+
+def describe_args(args: ValueMap) -> str:
+    """Arguments as ``{k=v, ...}`` text for messages to people."""
+    return "{" + ", ".join(f"{k}={v!r}" for k, v in args.items()) + "}"

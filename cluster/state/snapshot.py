@@ -1,0 +1,459 @@
+"""Snapshots of a site's state, and digests for comparing members.
+
+Theory of operation
+-------------------
+A snapshot is the whole :class:`~cluster.state.model.SiteState` as bytes: what
+a donor sends to a joining member (in ``StateChunk`` pieces) and what the
+resync and the tests compare.  The encoding is canonical: two states built by
+the same history encode to the same bytes, and ``snapshot(restore(b)) == b``.
+Derived data (the available-message heap, the limits parsed from arguments,
+queue byte totals) is not encoded; :func:`restore_untrusted` rebuilds it.
+
+Layout (all integers big-endian; ``str16`` = u16 length + UTF-8,
+``bytes32`` = u32 length + bytes; ``map`` = the bus frame's value map:
+u16 count, then per entry str16 key, u8 tag, payload with tags 0 null,
+1 bool u8, 2 int i64, 3 str (u32 length + UTF-8), 4 bytes32, 5 float f64)::
+
+    snapshot   := magic "DRGS" | version u16 | reserved u16
+                  | cluster str16 | incarnation u64 | cseq u64
+                  | rules_cseq u64 | rules bytes32
+                  | u16 n | n x (counter str16 | value u64)
+                  | u32 n | n x (node u32 | pid u32 | role u8)            ready
+                  | u32 n | n x (origin str16 | incarnation u64 | cseq u64
+                                 | time_us u64)                         watermarks
+                  | u32 n | n x origin
+                  | u32 n | n x (origin str16 | name str16)              R6 reported
+                  | u32 n | n x exchange
+                  | u32 n | n x queue
+                  | u32 n | n x session
+    origin     := name str16 | incarnation u64 | epoch u32 | promoted u8
+                  | promoted_time_us u64 | last_time_us u64 | last_cseq u64
+                  | refused_incarnation u64 | u32 n | n x (incarnation u64 | cseq u64)
+    exchange   := name str16 | type u8 | predeclared u8 | replica_origin str16
+                  | args map | u32 n | n x (queue str16 | key str16 | args map)
+    queue      := name str16 | args map | next_pos u64
+                  | replica u8 [origin str16 | mode u8 | high_pos u64]
+                  | u32 n | n x message
+    message    := pos u64 | origin_pos u64 | flags u8 (1 redelivered, 2 has properties)
+                  | message_id str16 | [properties map] | body bytes32
+    session    := id u64 | u32 n | n x (queue str16 | u32 m | m x (pos u64 | consumer u32))
+
+Every collection is written in its insertion order, which is the same on
+every member (the state machine never iterates unordered sets), so the
+restored state iterates, and therefore behaves, exactly as the original.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from cluster.state.effects import Message
+from cluster.state.model import (
+    COUNTERS,
+    Exchange,
+    Origin,
+    Queue,
+    Replica,
+    Session,
+    SiteState,
+)
+from protocol.cluster import ExchangeType, Value, ValueMap
+from protocol.errors import LocalProtocolError, RemoteProtocolError
+from protocol.modes import Mode, Role
+
+MAGIC = b"DRGS"
+SNAPSHOT_VERSION = 1
+
+_HEAD = struct.Struct(">4sHH")
+_U8 = struct.Struct(">B")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
+_F64 = struct.Struct(">d")
+#   pos u64 | origin_pos u64 | flags u8 | message_id length u16
+_MSG = struct.Struct(">QQBH")
+#   node u32 | pid u32 | role u8
+_READY = struct.Struct(">IIB")
+#   pos u64 | consumer u32
+_HELD = struct.Struct(">QI")
+
+_REDELIVERED = 1
+_HAS_PROPERTIES = 2
+
+
+# --------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------
+
+
+def _str16(out: list[bytes], text: str) -> None:
+    raw = text.encode("utf-8")
+    if len(raw) > 0xFFFF:
+        raise LocalProtocolError(f"name of {len(raw)} bytes cannot be snapshotted (max 65535)")
+    out.append(_U16.pack(len(raw)))
+    out.append(raw)
+
+
+def _bytes32(out: list[bytes], data: bytes) -> None:
+    out.append(_U32.pack(len(data)))
+    out.append(data)
+
+
+def _map(out: list[bytes], values: ValueMap) -> None:
+    out.append(_U16.pack(len(values)))
+    for k, v in values.items():
+        _str16(out, k)
+        if v is None:
+            out.append(b"\x00")
+        elif isinstance(v, bool):
+            out.append(b"\x01\x01" if v else b"\x01\x00")
+        elif isinstance(v, int):
+            out.append(b"\x02")
+            try:
+                out.append(_I64.pack(v))
+            except struct.error as exc:
+                raise LocalProtocolError(f"argument {k!r}={v} does not fit in 64 bits") from exc
+        elif isinstance(v, str):
+            out.append(b"\x03")
+            _bytes32(out, v.encode("utf-8"))
+        elif isinstance(v, bytes | bytearray | memoryview):
+            out.append(b"\x04")
+            _bytes32(out, bytes(v))
+        elif isinstance(v, float):
+            out.append(b"\x05")
+            out.append(_F64.pack(v))
+        else:
+            raise LocalProtocolError(f"argument {k!r} has type {type(v).__name__}")
+
+
+def _message(out: list[bytes], m: Message) -> None:
+    mid = m.message_id.encode("utf-8")
+    flags = (_REDELIVERED if m.redelivered else 0) | (
+        _HAS_PROPERTIES if m.properties is not None else 0
+    )
+    out.append(_MSG.pack(m.pos, m.origin_pos, flags, len(mid)))
+    out.append(mid)
+    if m.properties is not None:
+        _map(out, m.properties)
+    out.append(_U32.pack(len(m.body)))
+    out.append(m.body)
+
+
+def snapshot(state: SiteState) -> bytes:
+    """The canonical encoding of ``state`` (layout in the module docstring)."""
+    out: list[bytes] = [_HEAD.pack(MAGIC, SNAPSHOT_VERSION, 0)]
+    _str16(out, state.cluster)
+    out.append(_U64.pack(state.incarnation))
+    out.append(_U64.pack(state.cseq))
+    out.append(_U64.pack(state.rules_cseq))
+    _bytes32(out, state.rules)
+    out.append(_U16.pack(len(state.counters)))
+    for name, value in state.counters.items():
+        _str16(out, name)
+        out.append(_U64.pack(value))
+    out.append(_U32.pack(len(state.ready)))
+    for (node, pid), role in state.ready.items():
+        out.append(_READY.pack(node, pid, int(role)))
+    out.append(_U32.pack(len(state.watermarks)))
+    for origin_name, (inc, cseq, time_us) in state.watermarks.items():
+        _str16(out, origin_name)
+        out.append(_U64.pack(inc) + _U64.pack(cseq) + _U64.pack(time_us))
+    out.append(_U32.pack(len(state.origins)))
+    for o in state.origins.values():
+        _str16(out, o.name)
+        out.append(
+            struct.pack(
+                ">QIBQQQQI",
+                o.incarnation,
+                o.epoch,
+                int(o.promoted),
+                o.promoted_time_us,
+                o.last_time_us,
+                o.last_cseq,
+                o.refused_incarnation,
+                len(o.applied),
+            )
+        )
+        for inc, cseq in o.applied.items():
+            out.append(_U64.pack(inc) + _U64.pack(cseq))
+    out.append(_U32.pack(len(state.reported)))
+    for origin_name, name in state.reported:
+        _str16(out, origin_name)
+        _str16(out, name)
+    out.append(_U32.pack(len(state.exchanges)))
+    for ex in state.exchanges.values():
+        _str16(out, ex.name)
+        out.append(bytes((int(ex.type), int(ex.predeclared))))
+        _str16(out, ex.replica_origin)
+        _map(out, ex.args)
+        out.append(_U32.pack(len(ex.bindings)))
+        for (queue, key), args in ex.bindings.items():
+            _str16(out, queue)
+            _str16(out, key)
+            _map(out, args)
+    out.append(_U32.pack(len(state.queues)))
+    for q in state.queues.values():
+        _str16(out, q.name)
+        _map(out, q.args)
+        out.append(_U64.pack(q.next_pos))
+        if q.replica is None:
+            out.append(b"\x00")
+        else:
+            out.append(b"\x01")
+            _str16(out, q.replica.origin)
+            out.append(_U8.pack(int(q.replica.mode)) + _U64.pack(q.replica.high_pos))
+        out.append(_U32.pack(len(q.messages)))
+        for m in q.messages.values():
+            _message(out, m)
+    out.append(_U32.pack(len(state.sessions)))
+    for s in state.sessions.values():
+        out.append(_U64.pack(s.id) + _U32.pack(len(s.acquired)))
+        for qname, held in s.acquired.items():
+            _str16(out, qname)
+            out.append(_U32.pack(len(held)))
+            out.extend(_HELD.pack(pos, consumer) for pos, consumer in held.items())
+    try:
+        return b"".join(out)
+    except TypeError as exc:  # pragma: no cover - a body that is not bytes
+        raise LocalProtocolError(f"cannot snapshot: {exc}") from exc
+
+
+def digest(state: SiteState) -> str:
+    """sha256 (hex) of the snapshot: equal digests mean equal states."""
+    return hashlib.sha256(snapshot(state)).hexdigest()
+
+
+def queue_digest(state: SiteState, queue: str) -> str | None:
+    """sha256 (hex) of one queue's contents as another site would see them:
+    the queue name, then per message in FIFO order its identity position
+    (origin pos for a replicated message, else its pos), message id,
+    properties and body.  Acquisition, redelivery and arguments are left out,
+    so a ``full`` replica at D digests like P's queue.  None if no such queue.
+    """
+    q = state.queues.get(queue)
+    if q is None:
+        return None
+    h = hashlib.sha256()
+    out: list[bytes] = []
+    _str16(out, q.name)
+    for m in q.messages.values():
+        mid = m.message_id.encode("utf-8")
+        out.append(_MSG.pack(m.identity_pos, 0, 0 if m.properties is None else 1, len(mid)))
+        out.append(mid)
+        if m.properties is not None:
+            _map(out, m.properties)
+        out.append(_U32.pack(len(m.body)))
+        out.append(m.body)
+        if len(out) > 4096:
+            h.update(b"".join(out))
+            out.clear()
+    h.update(b"".join(out))
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------
+# Reading (untrusted: a snapshot comes from another member over the bus)
+# --------------------------------------------------------------------------
+
+
+class _Reader:
+    __slots__ = ("data", "off")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.off = 0
+
+    def unpack(self, st: struct.Struct) -> tuple[Any, ...]:
+        values = st.unpack_from(self.data, self.off)
+        self.off += st.size
+        return values
+
+    def u8(self) -> int:
+        v = self.data[self.off]
+        self.off += 1
+        return v
+
+    def u16(self) -> int:
+        (v,) = _U16.unpack_from(self.data, self.off)
+        self.off += 2
+        return int(v)
+
+    def u32(self) -> int:
+        (v,) = _U32.unpack_from(self.data, self.off)
+        self.off += 4
+        return int(v)
+
+    def u64(self) -> int:
+        (v,) = _U64.unpack_from(self.data, self.off)
+        self.off += 8
+        return int(v)
+
+    def raw(self, n: int) -> bytes:
+        end = self.off + n
+        if end > len(self.data):
+            raise RemoteProtocolError(
+                f"truncated snapshot: {n} bytes wanted at offset {self.off}, "
+                f"{len(self.data) - self.off} left"
+            )
+        v = self.data[self.off : end]
+        self.off = end
+        return v
+
+    def str16(self) -> str:
+        return self.raw(self.u16()).decode("utf-8")
+
+    def bytes32(self) -> bytes:
+        return self.raw(self.u32())
+
+    def map(self) -> dict[str, Value]:
+        out: dict[str, Value] = {}
+        for _ in range(self.u16()):
+            k = self.str16()
+            tag = self.u8()
+            v: Value
+            if tag == 0:
+                v = None
+            elif tag == 1:
+                v = self.u8() != 0
+            elif tag == 2:
+                (v,) = self.unpack(_I64)
+            elif tag == 3:
+                v = self.bytes32().decode("utf-8")
+            elif tag == 4:
+                v = self.bytes32()
+            elif tag == 5:
+                (v,) = self.unpack(_F64)
+            else:
+                raise RemoteProtocolError(f"snapshot has unknown value tag {tag} for {k!r}")
+            out[k] = v
+        return out
+
+
+def restore_untrusted(data: bytes | bytearray | memoryview) -> SiteState:
+    """The state a snapshot encodes.  Fails only with
+    :class:`RemoteProtocolError` (bad magic or version, truncation, trailing
+    bytes, inconsistent contents)."""
+    try:
+        return _restore(_Reader(bytes(data)))
+    except RemoteProtocolError:
+        raise
+    except (struct.error, IndexError, UnicodeDecodeError, ValueError, KeyError) as exc:
+        raise RemoteProtocolError(f"malformed snapshot: {exc}") from exc
+
+
+restore: Callable[[bytes | bytearray | memoryview], SiteState] = restore_untrusted
+
+
+def _restore(r: _Reader) -> SiteState:
+    magic, version, _reserved = r.unpack(_HEAD)
+    if magic != MAGIC:
+        raise RemoteProtocolError(f"not a drgate state snapshot (magic {magic!r})")
+    if version != SNAPSHOT_VERSION:
+        raise RemoteProtocolError(
+            f"snapshot version {version} is not supported (this member reads "
+            f"{SNAPSHOT_VERSION}); run the same drgate release on every member of a site"
+        )
+    st = SiteState()
+    st.cluster = r.str16()
+    st.incarnation = r.u64()
+    st.cseq = r.u64()
+    st.rules_cseq = r.u64()
+    st.rules = r.bytes32()
+    counters = dict.fromkeys(COUNTERS, 0)
+    for _ in range(r.u16()):
+        name = r.str16()
+        if name not in COUNTERS:
+            raise RemoteProtocolError(f"snapshot has unknown counter {name!r}")
+        counters[name] = r.u64()
+    st.counters = counters
+    for _ in range(r.u32()):
+        node, pid, role = r.unpack(_READY)
+        st.ready[(node, pid)] = Role(role)
+    for _ in range(r.u32()):
+        name = r.str16()
+        st.watermarks[name] = (r.u64(), r.u64(), r.u64())
+    for _ in range(r.u32()):
+        o = Origin(r.str16())
+        (
+            o.incarnation,
+            o.epoch,
+            promoted,
+            o.promoted_time_us,
+            o.last_time_us,
+            o.last_cseq,
+            o.refused_incarnation,
+            n,
+        ) = r.unpack(struct.Struct(">QIBQQQQI"))
+        o.promoted = bool(promoted)
+        for _ in range(n):
+            inc = r.u64()
+            o.applied[inc] = r.u64()
+        st.origins[o.name] = o
+    for _ in range(r.u32()):
+        origin_name = r.str16()
+        st.reported[(origin_name, r.str16())] = None
+    for _ in range(r.u32()):
+        name = r.str16()
+        type_ = ExchangeType(r.u8())
+        predeclared = bool(r.u8())
+        replica_origin = r.str16()
+        ex = Exchange(name, type_, r.map(), predeclared=predeclared, replica_origin=replica_origin)
+        for _ in range(r.u32()):
+            queue = r.str16()
+            key = r.str16()
+            ex.bindings[(queue, key)] = r.map()
+        st.exchanges[name] = ex
+    data = r.data
+    for _ in range(r.u32()):
+        name = r.str16()
+        args = r.map()
+        next_pos = r.u64()
+        replica = None
+        if r.u8():
+            origin_name = r.str16()
+            replica = Replica(origin_name, Mode(r.u8()), r.u64())
+        q = Queue(name, args, replica)
+        messages = q.messages
+        total = 0
+        last = 0
+        for _ in range(r.u32()):
+            pos, origin_pos, flags, mid_len = _MSG.unpack_from(data, r.off)
+            r.off += _MSG.size
+            mid = r.raw(mid_len).decode("utf-8")
+            props = r.map() if flags & _HAS_PROPERTIES else None
+            body = r.bytes32()
+            if pos <= last:
+                raise RemoteProtocolError(f"snapshot queue {name!r}: positions out of order")
+            last = pos
+            messages[pos] = Message(pos, body, mid, props, bool(flags & _REDELIVERED), origin_pos)
+            total += len(body)
+        if next_pos <= last:
+            raise RemoteProtocolError(f"snapshot queue {name!r}: next_pos {next_pos} <= {last}")
+        q.next_pos = next_pos
+        q.bytes = total
+        st.queues[name] = q
+    for _ in range(r.u32()):
+        s = Session(r.u64())
+        for _ in range(r.u32()):
+            qname = r.str16()
+            q = st.queues[qname]
+            held: dict[int, int] = {}
+            for _ in range(r.u32()):
+                pos, consumer = r.unpack(_HELD)
+                if pos not in q.messages or pos in q.acquired:
+                    raise RemoteProtocolError(
+                        f"snapshot session {s.id:#x} holds pos {pos} of {qname!r} inconsistently"
+                    )
+                q.acquired[pos] = (s.id, consumer)
+                held[pos] = consumer
+            s.acquired[qname] = held
+        st.sessions[s.id] = s
+    if r.off != len(data):
+        raise RemoteProtocolError(f"snapshot has {len(data) - r.off} trailing bytes")
+    for q in st.queues.values():
+        q.rebuild_available()
+    return st
