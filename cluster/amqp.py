@@ -315,6 +315,13 @@ class _LinkBase:
             return
         if condition is not None:
             self._pn.condition = Condition(condition, description or None)
+        if self._pn.state & Endpoint.LOCAL_UNINIT:
+            # Refusing an attach: answer with an attach that has no terminus
+            # on our side (AMQP 1.0 section 2.6.3), then the detach.
+            if self._pn.is_sender:
+                self._pn.source.type = Terminus.UNSPECIFIED
+            else:
+                self._pn.target.type = Terminus.UNSPECIFIED
         if not (self._pn.state & Endpoint.LOCAL_CLOSED):
             self._pn.close()
         self._mark_closed()
@@ -788,12 +795,6 @@ class AmqpConnection:
         else:
             await self._call(self._handler.on_receiver_link, link)
         if link.closed:
-            # Refused: a refused attach is answered with an attach that has
-            # no terminus (AMQP 1.0 section 2.6.3), then the detach.
-            if isinstance(link, OutgoingLink):
-                pn_link.source.type = Terminus.UNSPECIFIED
-            else:
-                pn_link.target.type = Terminus.UNSPECIFIED
             self._links.pop((link.name, bool(pn_link.is_sender)), None)
             await self._report_link_closed(link)
         elif pn_link.state & Endpoint.LOCAL_UNINIT:
