@@ -1,0 +1,385 @@
+"""The spool (gateway/spool.py): round trips against a model, recovery, overflow, fsync."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from gateway import spool as sp
+from gateway.spool import FsyncPolicy, Spool, SpoolCorruptError, SpoolError
+
+Event = tuple[int, int, bytes]
+
+
+def events(first: int, n: int, size: int = 40, step: int = 1) -> list[Event]:
+    return [(s, 1_000 + s, bytes([s % 251]) * size) for s in range(first, first + n * step, step)]
+
+
+def read_all(spool: Spool, after: int = 0) -> list[Event]:
+    return spool.read_after(after, 1 << 40)
+
+
+def seg_files(d: Path) -> list[Path]:
+    return sorted(d.glob("*.seg"))
+
+
+# --- format -------------------------------------------------------------------
+
+
+def test_record_layout_matches_the_construct_definition() -> None:
+    raw = sp.encode_record(7, 123456, b"hello")
+    head = sp.RecordHeader.parse(raw[: sp.HEADER_SIZE])
+    assert (head.length, head.seq, head.time_us) == (5, 7, 123456)
+    assert head.crc == sp.record_crc(7, 123456, b"hello")
+    assert raw[sp.HEADER_SIZE :] == b"hello"
+    assert sp.RecordHeader.build(head) == raw[: sp.HEADER_SIZE]
+
+
+def test_segment_is_named_by_first_seq_and_starts_with_preamble(tmp_path: Path) -> None:
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=4096, fsync="never") as s:
+        s.append_many(events(1234, 3))
+    (only,) = seg_files(tmp_path)
+    assert only.name == "00000000000000001234.seg"
+    data = only.read_bytes()
+    sp.Preamble.parse(data[: sp.PREAMBLE_SIZE])
+    assert data[sp.PREAMBLE_SIZE :].startswith(sp.encode_record(*events(1234, 1)[0]))
+
+
+# --- round trips ---------------------------------------------------------------
+
+
+def test_append_read_trim_reopen(tmp_path: Path) -> None:
+    evs = events(1, 200, step=3)  # gaps between seqs
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=2048, fsync="never") as s:
+        s.append_many(evs[:50])
+        s.append_many(evs[50:])
+        assert read_all(s) == evs
+        assert read_all(s, 4) == evs[2:]  # 4 is between seqs 4 and 7
+        assert s.read_after(evs[-1][0]) == []
+        segs_before = s.statistics().segments
+        assert segs_before > 5
+        deleted = s.trim(evs[99][0])
+        assert deleted > 0
+        assert s.statistics().segments == segs_before - deleted
+        assert read_all(s) == evs[100:]  # records under the watermark are skipped
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=2048, fsync="never") as s:
+        assert read_all(s) == evs[100:]
+        st_ = s.statistics()
+        assert (st_.trimmed_upto, st_.last_seq) == (evs[99][0], evs[-1][0])
+        s.append_many(events(1000, 5))
+        assert read_all(s) == evs[100:] + events(1000, 5)
+
+
+def test_read_after_respects_byte_budget_but_returns_at_least_one(tmp_path: Path) -> None:
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 16, fsync="never") as s:
+        s.append_many(events(1, 100, size=100))
+        rec = sp.HEADER_SIZE + 100
+        got = s.read_after(0, 10 * rec)
+        assert [e[0] for e in got] == list(range(1, 11))
+        assert len(s.read_after(0, 10 * rec - 1)) == 9
+        assert len(s.read_after(0, 1)) == 1
+
+
+def test_read_after_large_spool_uses_the_index(tmp_path: Path) -> None:
+    # Many index entries per segment; reads from every position agree with a model.
+    evs = events(1, 3000, size=200, step=2)
+    with Spool.open(tmp_path, max_bytes=1 << 24, segment_bytes=1 << 20, fsync="never") as s:
+        s.append_many(evs)
+        assert any(len(seg.index_seqs) > 3 for seg in s._segments)
+        for k in range(0, 3000, 97):
+            after = evs[k][0]
+            assert s.read_after(after, 5000)[0] == evs[k + 1] if k + 1 < 3000 else True
+            assert s.read_after(after - 1, 1)[0] == evs[k]
+
+
+def test_order_is_enforced(tmp_path: Path) -> None:
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=4096, fsync="never") as s:
+        s.append_many(events(10, 3))
+        with pytest.raises(SpoolError, match="strictly increasing"):
+            s.append_many([(13, 0, b""), (13, 0, b"")])
+        assert read_all(s)[-1][0] == 13  # the good part of the batch was written
+        with pytest.raises(SpoolError):
+            s.append(5, 0, b"")
+
+
+def test_events_at_or_below_watermark_are_skipped(tmp_path: Path) -> None:
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=4096, fsync="never") as s:
+        s.trim(100)
+        s.append_many(events(95, 10))
+        assert [e[0] for e in read_all(s)] == list(range(101, 105))
+        assert s.statistics().skipped_acked == 6
+
+
+def test_second_open_of_same_directory_is_refused(tmp_path: Path) -> None:
+    with (
+        Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=4096),
+        pytest.raises(SpoolError, match="in use by another process"),
+    ):
+        Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=4096)
+
+
+def test_bad_bounds_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="twice"):
+        Spool.open(tmp_path, max_bytes=4096, segment_bytes=4096)
+
+
+# --- overflow and resync --------------------------------------------------------
+
+
+def test_overflow_keeps_newest_and_reports_needs_resync(tmp_path: Path) -> None:
+    max_bytes, seg_bytes = 8192, 2048
+    with Spool.open(tmp_path, max_bytes=max_bytes, segment_bytes=seg_bytes, fsync="never") as s:
+        evs = events(1, 400, size=60)
+        for i in range(0, 400, 10):
+            s.append_many(evs[i : i + 10])
+            assert s.statistics().bytes <= max_bytes  # the bound holds at every step
+            assert sum(p.stat().st_size for p in seg_files(tmp_path)) == s.statistics().bytes
+        stats = s.statistics()
+        assert stats.overflowed and stats.needs_resync
+        assert stats.overflow_count > 0
+        assert stats.first_lost_seq == 1
+        kept = read_all(s)
+        assert kept == evs[-len(kept) :]  # the newest events, contiguous up to the last
+        assert kept[0][0] == stats.lost_upto + 1
+        assert s.needs_resync(0)
+        assert s.needs_resync(stats.lost_upto - 1)
+        assert not s.needs_resync(stats.lost_upto)
+        lost_upto = stats.lost_upto
+    # the overflow survives a restart: D still needs a resync
+    with Spool.open(tmp_path, max_bytes=max_bytes, segment_bytes=seg_bytes) as s:
+        assert s.overflowed and s.needs_resync(lost_upto - 1)
+        s.mark_resynced(lost_upto + 5)
+        assert not s.overflowed
+        assert not s.needs_resync(lost_upto + 5)
+        assert s.statistics().overflow_count > 0  # the count stays for the metric
+
+
+def test_bound_never_exceeded_by_more_than_one_segment_with_big_batches(tmp_path: Path) -> None:
+    max_bytes, seg_bytes = 16384, 4096
+    with Spool.open(tmp_path, max_bytes=max_bytes, segment_bytes=seg_bytes, fsync="never") as s:
+        seq = 1
+        for size in (10, 3000, 500, 4000, 7000, 100, 12000):
+            batch = events(seq, 7, size=size)
+            seq += 7
+            s.append_many(batch)
+            assert s.statistics().bytes <= max_bytes + seg_bytes + sp.HEADER_SIZE + size
+            assert read_all(s)[-1] == batch[-1]
+
+
+def test_fresh_spool_floor(tmp_path: Path) -> None:
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=4096, start_after=500) as s:
+        assert s.needs_resync(499)
+        assert not s.needs_resync(500)
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=4096, start_after=0) as s:
+        assert s.floor == 500  # the persisted floor wins over a new start_after
+
+
+# --- recovery -------------------------------------------------------------------
+
+
+def test_torn_tail_at_every_byte_of_the_last_record(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    base = tmp_path / "base"
+    evs = events(1, 20, size=30)
+    with Spool.open(base, max_bytes=1 << 20, segment_bytes=1 << 16, fsync="never") as s:
+        s.append_many(evs)
+    (seg,) = seg_files(base)
+    full = seg.read_bytes()
+    last_len = sp.HEADER_SIZE + 30
+    start = len(full) - last_len
+    for cut in range(start, len(full)):
+        work = tmp_path / f"cut{cut}"
+        shutil.copytree(base, work)
+        (work / seg.name).write_bytes(full[:cut])
+        caplog.clear()
+        with Spool.open(work, max_bytes=1 << 20, segment_bytes=1 << 16, fsync="never") as s:
+            assert read_all(s) == evs[:-1]
+            assert s.statistics().last_seq == 19
+            assert not s.overflowed
+            s.append_many(events(20, 2, size=30))  # the spool goes on after the cut
+            assert read_all(s) == evs[:-1] + events(20, 2, size=30)
+        assert (work / seg.name).stat().st_size == len(full) + last_len
+        if cut > start:
+            assert "torn-tail" in caplog.text
+        shutil.rmtree(work)
+
+
+def test_zero_filled_tail_is_torn(tmp_path: Path) -> None:
+    evs = events(1, 5)
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 16, fsync="never") as s:
+        s.append_many(evs)
+    (seg,) = seg_files(tmp_path)
+    with open(seg, "ab") as f:
+        f.write(b"\0" * 300)
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 16) as s:
+        assert read_all(s) == evs
+
+
+def test_corruption_in_the_middle_names_file_and_offset(tmp_path: Path) -> None:
+    evs = events(1, 10, size=30)
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 16, fsync="never") as s:
+        s.append_many(evs)
+    (seg,) = seg_files(tmp_path)
+    data = bytearray(seg.read_bytes())
+    rec = sp.HEADER_SIZE + 30
+    bad_offset = sp.PREAMBLE_SIZE + 3 * rec
+    data[bad_offset + sp.HEADER_SIZE + 5] ^= 0xFF  # a payload byte of seq 4
+    seg.write_bytes(bytes(data))
+    with pytest.raises(SpoolCorruptError) as info:
+        Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 16)
+    assert info.value.path == seg
+    assert info.value.offset == bad_offset
+    assert str(seg) in str(info.value) and f"offset {bad_offset}" in str(info.value)
+    assert "move" in str(info.value)  # the fix
+    assert seg.read_bytes() == bytes(data)  # nothing was truncated
+
+
+def test_corruption_found_on_read_is_reported(tmp_path: Path) -> None:
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 16, fsync="never") as s:
+        s.append_many(events(1, 10))
+        (seg,) = seg_files(tmp_path)
+        with open(seg, "r+b") as f:
+            f.seek(sp.PREAMBLE_SIZE + sp.HEADER_SIZE + 1)
+            f.write(b"!")
+        with pytest.raises(SpoolCorruptError, match="CRC mismatch reading seq 1"):
+            read_all(s)
+
+
+def test_torn_middle_segment_counts_as_loss(tmp_path: Path) -> None:
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1024, fsync="never") as s:
+        s.append_many(events(1, 60, size=40))
+    segs = seg_files(tmp_path)
+    assert len(segs) >= 3
+    data = segs[0].read_bytes()
+    segs[0].write_bytes(data[:-10])
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1024) as s:
+        next_first = int(segs[1].stem)
+        assert s.overflowed
+        assert s.needs_resync(next_first - 2)
+        assert not s.needs_resync(next_first - 1)
+
+
+def test_crash_leftovers_are_cleaned(tmp_path: Path) -> None:
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1024, fsync="never") as s:
+        s.append_many(events(1, 5))
+    (tmp_path / sp.segment_name(99)).write_bytes(b"DRG")  # crashed before the preamble
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1024) as s:
+        assert [p.name for p in seg_files(tmp_path)] == [sp.segment_name(1)]
+        s.append_many(events(99, 1))
+        assert read_all(s)[-1][0] == 99
+
+
+# --- fsync policies --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [(FsyncPolicy.NEVER, 0), (FsyncPolicy.BATCH, 3), (FsyncPolicy.ALWAYS, 30)],
+)
+def test_fsync_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: FsyncPolicy, expected: int
+) -> None:
+    calls: list[int] = []
+    real = os.fdatasync
+    monkeypatch.setattr(sp.os, "fdatasync", lambda fd: (calls.append(fd), real(fd))[1])
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 16, fsync=policy) as s:
+        calls.clear()  # opening a new spool syncs its state file
+        before = s.statistics().fsyncs
+        for i in range(3):
+            s.append_many(events(1 + 10 * i, 10))
+        assert len(calls) == expected
+        assert s.statistics().fsyncs - before == expected
+        assert s.statistics().fsync == policy.value
+
+
+def test_default_fsync_is_batch() -> None:
+    assert sp.DEFAULT_FSYNC is FsyncPolicy.BATCH
+
+
+# --- model-based ------------------------------------------------------------------
+
+
+class SpoolMachine(RuleBasedStateMachine):
+    """Random appends, trims, reads and reopens against a list of events."""
+
+    MAX = 6000
+    SEG = 1500
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="spool-model-"))
+        self.spool = Spool.open(self.dir, max_bytes=self.MAX, segment_bytes=self.SEG, fsync="never")
+        self.model: list[Event] = []
+        self.next_seq = 1
+        self.trimmed = 0
+
+    def teardown(self) -> None:
+        self.spool.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def expected(self, after: int = 0) -> list[Event]:
+        lost = self.spool.statistics().lost_upto or 0
+        floor = max(after, self.trimmed, lost)
+        return [e for e in self.model if e[0] > floor]
+
+    @rule(
+        sizes=st.lists(st.integers(0, 400), min_size=1, max_size=20),
+        gaps=st.lists(st.integers(1, 5), min_size=20, max_size=20),
+    )
+    def append(self, sizes: list[int], gaps: list[int]) -> None:
+        batch = []
+        for size, gap in zip(sizes, gaps, strict=False):
+            batch.append((self.next_seq, self.next_seq * 7, os.urandom(size)))
+            self.next_seq += gap
+        self.spool.append_many(batch)
+        self.model.extend(batch)
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def trim(self, data: st.DataObject) -> None:
+        upto = data.draw(st.integers(0, self.next_seq))
+        self.spool.trim(upto)
+        self.trimmed = max(self.trimmed, upto)
+
+    @rule(data=st.data(), budget=st.integers(1, 3000))
+    def read(self, data: st.DataObject, budget: int) -> None:
+        after = data.draw(st.integers(0, self.next_seq))
+        got = self.spool.read_after(after, budget)
+        want = self.expected(after)
+        assert got == want[: len(got)]
+        if want:
+            assert got
+            used = sum(sp.HEADER_SIZE + len(e[2]) for e in got)
+            assert len(got) == 1 or used <= budget
+            if len(got) < len(want):
+                assert used + sp.HEADER_SIZE + len(want[len(got)][2]) > budget
+
+    @rule()
+    def reopen(self) -> None:
+        self.spool.close()
+        self.spool = Spool.open(self.dir, max_bytes=self.MAX, segment_bytes=self.SEG)
+
+    @invariant()
+    def contents_match(self) -> None:
+        assert read_all(self.spool) == self.expected()
+
+    @invariant()
+    def bounded(self) -> None:
+        stats = self.spool.statistics()
+        assert stats.bytes <= self.MAX + self.SEG + sp.HEADER_SIZE + 400
+        assert stats.bytes == sum(p.stat().st_size for p in self.dir.glob("*.seg"))
+        lost = stats.lost_upto or 0
+        assert stats.overflowed == (lost > self.trimmed)
+        assert stats.needs_resync == (max(lost, self.trimmed) > self.trimmed)
+
+
+TestSpoolModel = SpoolMachine.TestCase
+TestSpoolModel.settings = settings(TestSpoolModel.settings, stateful_step_count=30)
