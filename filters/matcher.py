@@ -19,6 +19,17 @@ switch builds a new one.  The tap asks it two questions:
     ``enqueue``) but the message is larger than ``max_message_bytes`` or
     one of its ``drop`` header tests holds.
 
+``ruleset.decisions[queue] -> Decision``
+    The hot path for queue-level events: a plain ``dict`` holding the last
+    decision :meth:`RuleSet.decide_queue` made for each queue (``KeyError``
+    for a queue never decided).  The tap decides a queue when it is declared
+    (and every queue after a rules switch, which it must do anyway to find
+    the queues whose mode changed), then looks decisions up here at the cost
+    of one dict lookup.
+
+``ruleset.forget_queue(queue)``
+    Drops what is cached for a deleted queue.
+
 Speed.  Everything that depends only on the queue (its decision, the
 message rules that could apply to it, the drop tests) is computed once per
 queue and kept in a dict keyed by the queue name, together with the
@@ -26,8 +37,9 @@ queue and kept in a dict keyed by the queue name, together with the
 object (the tap passes the mapping it keeps in its shadow state) is one
 dict lookup and an identity test; equal-but-different args are compared
 once and the entry refreshed.  Header tests run only for the message rules
-that have them.  The cache holds at most :data:`QUEUE_CACHE_LIMIT` queues
-and is emptied when full.
+that have them.  The cache holds one entry per queue asked about; the tap
+calls ``forget_queue`` on delete, so it follows the live queues of the
+shadow state, which the brokers bound.
 
 Values of headers and arguments are compared as text (:func:`as_text`):
 ``1`` and ``"1"`` are equal, ``true`` equals ``"true"``.
@@ -44,11 +56,6 @@ from typing import Any, Literal
 
 from protocol.errors import Location, Problem
 from protocol.modes import Mode
-
-# Queue names are finite in practice, but a client that declares random
-# names must not grow the cache without bound: at this size (a few MB) it is
-# simply emptied and refilled.
-QUEUE_CACHE_LIMIT = 100_000
 
 REPLICATE_ARG = "qpid.replicate"
 EVENT_GENERATION_ARG = "qpid.queue_event_generation"
@@ -321,6 +328,9 @@ class RuleSet:
         self.cseq = cseq
         self._compiled = [_CompiledRule(r) for r in (*self.rules, default)]
         self._cache: dict[str, _Entry] = {}
+        # queue -> its last queue-level decision; a plain dict so that the
+        # tap's lookup is as fast as a lookup can be (see the module doc).
+        self.decisions: dict[str, Decision] = {}
         self.cache_misses = 0
 
     # -------------------------------------------------------------- questions
@@ -366,6 +376,11 @@ class RuleSet:
                     return Drop("header", decision.rule_name, decision.rule_index, str(test))
         return decision
 
+    def forget_queue(self, queue: str) -> None:
+        """Drop what is cached for ``queue`` (call it when the queue is deleted)."""
+        self._cache.pop(queue, None)
+        self.decisions.pop(queue, None)
+
     def rule_at(self, index: int) -> Rule:
         """The rule with ``rule_index`` ``index`` (the default for ``len(rules)``)."""
         return self.default if index == len(self.rules) else self.rules[index]
@@ -387,9 +402,8 @@ class RuleSet:
         else:
             self.cache_misses += 1
             entry = self._compute(queue, args)
-        if len(self._cache) >= QUEUE_CACHE_LIMIT and queue not in self._cache:
-            self._cache.clear()
         self._cache[queue] = entry
+        self.decisions[queue] = entry[1]
         return entry
 
     def _decision(self, rule: Rule, queue: str, args: Mapping[str, Any] | None) -> Decision:

@@ -176,14 +176,16 @@ def test_header_tests_run_only_for_rules_that_have_them() -> None:
         rs.decide_message("a", None, "", "k", Exploding(), 1)
 
 
-def test_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import filters.matcher
-
-    monkeypatch.setattr(filters.matcher, "QUEUE_CACHE_LIMIT", 10)
-    rs = load_rules("version: 1\ndefault: {mode: full}\n", "b.yaml")
-    for i in range(25):
-        rs.decide_queue(f"q{i}")
-    assert rs.statistics()["cached_queues"] <= 10
+def test_decisions_is_a_plain_dict_of_last_decisions_and_forget_drops_them() -> None:
+    rs = load_rules("version: 1\ndefault: {mode: from-args}\n", "b.yaml")
+    assert type(rs.decisions) is dict
+    with pytest.raises(KeyError):
+        rs.decisions["q"]
+    d = rs.decide_queue("q", {"qpid.replicate": "all"})
+    assert rs.decisions["q"] is d
+    rs.forget_queue("q")
+    assert "q" not in rs.decisions
+    assert rs.statistics()["cached_queues"] == 0
 
 
 def test_explain_names_rule_and_how() -> None:
