@@ -159,7 +159,10 @@ class Capabilities(LinkOption):
 
     def apply(self, link: proton.Link) -> None:
         terminus = link.source if link.is_receiver else link.target
-        terminus.capabilities.put_object([proton.symbol(c) for c in self.caps])
+        if len(self.caps) == 1:  # AMQP "multiple": one value may stand alone
+            terminus.capabilities.put_symbol(self.caps[0])
+        else:
+            terminus.capabilities.put_object([proton.symbol(c) for c in self.caps])
 
 
 # ---------------------------------------------------------------------------
