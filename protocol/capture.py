@@ -750,8 +750,7 @@ def scan_segment_untrusted(data: bytes) -> SegmentScan:
     pos = PREAMBLE_SIZE
     frame_unpack = _FRAME.unpack_from
     crc_unpack = _CRC.unpack_from
-    head_unpack = _RECORD_HEAD.unpack_from
-    id_unpack = struct.Struct(">I").unpack_from
+    tail_unpack = struct.Struct(">IBBHBBI").unpack_from
     frame_size = _FRAME.size
     head_size = RECORD_HEAD_SIZE
     offsets = scan.record_offsets
@@ -779,28 +778,25 @@ def scan_segment_untrusted(data: bytes) -> SegmentScan:
         if tag == TAG_RECORD and scan.header is not None:
             if length < head_size:
                 raise _error(pos, "record shorter than its head")
-            head = head_unpack(data, start)
-            # head: wall, cseq, ocseq, oinc, size, wire, rule_name, kind, mode,
-            #       rule_id, flags, queue_count, payload_len
-            count = head[11]
-            if length != head_size + 4 * count + head[12]:
+            # the head's tail: rule_name, kind, mode, rule_id, flags, queue_count, payload_len
+            rule_name, _, mode, _, flags, count, payload_len = tail_unpack(data, start + 40)
+            if length != head_size + 4 * count + payload_len:
                 raise _error(pos, "record length disagrees with its head")
-            flags = head[10]
             if (
-                head[8] > mode_max
+                mode > mode_max
                 or flags & ~flags_known
                 or (flags & 1 and not payloads)
-                or (not flags & 1 and head[12])
+                or (not flags & 1 and payload_len)
             ):
-                _check_record_head(pos, head[8], flags, head[12], payloads)
+                _check_record_head(pos, mode, flags, payload_len, payloads)
             defined = len(strings)
-            if head[6] >= defined:
+            if rule_name >= defined:
                 raise _error(pos, "record uses an undefined string id")
-            q = start + head_size
-            for _ in range(count):
-                if id_unpack(data, q)[0] >= defined:
-                    raise _error(pos, "record uses an undefined string id")
-                q += 4
+            if count:
+                q = start + head_size
+                for qid in struct.unpack_from(f">{count}I", data, q):
+                    if qid >= defined:
+                        raise _error(pos, "record uses an undefined string id")
             append(start)
         elif tag == TAG_STRING and scan.header is not None:
             strings.append(_parse(StringBody, bytes(mv[start:end]), pos, "string").text)

@@ -1,0 +1,322 @@
+"""The ``drgate-capture`` Spark data source: capture segments as a DataFrame.
+
+Usage::
+
+    from analysis.source import CaptureDataSource
+    spark.dataSource.register(CaptureDataSource)
+    df = spark.read.format("drgate-capture").load("/var/lib/drgate/capture")
+
+``load(path)`` takes a segment file or a directory searched recursively; a file
+is a segment when it starts with the capture magic (other files are skipped),
+and the ``glob`` option (default ``*``) narrows the file names considered.
+Option ``payloads`` (``true``/``false``, default false) fills the ``payload``
+column.  One Spark partition per segment file.
+
+Rows: one row per (record, queue) -- a record naming several queues gives
+several rows (``queue_index`` 0, 1, ...; ``queue_count`` says how many), a
+record naming none gives one row with a null ``queue``.  Per-queue auditing
+needs one row per queue; counting events counts rows with ``queue_index = 0``.
+``bytes`` and ``wire_bytes`` repeat on every row of a record.
+
+The reader decodes a whole segment with
+:func:`protocol.capture.scan_segment_untrusted` (every block checked), then
+reads the fixed-size fields of all records at once with numpy and yields
+Arrow record batches, so no Python object is made per record.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from protocol.capture import (
+    MAGIC,
+    NO_RULE,
+    RECORD_HEAD_FIELDS,
+    RECORD_HEAD_SIZE,
+    SegmentScan,
+    scan_segment_untrusted,
+)
+from protocol.errors import DrgateError
+from protocol.modes import Mode
+
+NAME = "drgate-capture"
+
+_FIELDS = [
+    ("segment", StringType()),  # path of the segment file
+    ("complete", BooleanType()),  # the segment has its trailer (false: cut, the writer died)
+    ("site", StringType()),
+    ("node", IntegerType()),
+    ("role", StringType()),  # egress | ingress | standby | unknown
+    ("stream", StringType()),  # tapped | forwarded | ingested
+    ("incarnation", LongType()),  # the capturing site's incarnation (u64 read as signed)
+    ("wall_time", TimestampType()),
+    ("wall_time_us", LongType()),  # microseconds since the Unix epoch
+    ("cseq", LongType()),  # the capturing site's command sequence number
+    ("origin_cseq", LongType()),  # ingested stream: the event's cseq at its origin (0: n/a)
+    ("origin_incarnation", LongType()),  # ingested stream: the origin's incarnation (0: n/a)
+    ("kind", IntegerType()),  # bus command kind number (protocol.cluster.Kind)
+    ("kind_name", StringType()),
+    ("mode", StringType()),  # none | wiring | enqueue | full
+    ("rule_id", IntegerType()),  # null when no rule decided (the default mode applied)
+    ("rule", StringType()),  # the rule's name; null when no rule decided
+    ("queue", StringType()),  # null for a record that names no queue
+    ("queue_index", IntegerType()),
+    ("queue_count", IntegerType()),
+    ("bytes", LongType()),  # encoded bus command size
+    ("wire_bytes", LongType()),  # share of the compressed link batch (forwarded; 0: unknown)
+    ("resync", BooleanType()),
+    ("payload", BinaryType()),  # null unless option payloads=true and the record has one
+]
+SCHEMA = StructType([StructField(name, type_, nullable=True) for name, type_ in _FIELDS])
+"""The data source's schema (documented in docs/analysis.md)."""
+
+BATCH_ROWS = 1 << 16
+
+
+class CaptureSourceError(DrgateError):
+    """A capture path cannot be read (missing, or not a capture segment)."""
+
+
+def _kind_names() -> list[str]:
+    names = [f"kind-{i}" for i in range(256)]
+    try:
+        from protocol.cluster import Kind
+    except ImportError:  # pragma: no cover - protocol.cluster is part of the project
+        return names
+    for kind in Kind:
+        if 0 <= kind < 256:
+            names[kind] = kind.name.lower()
+    return names
+
+
+def is_segment(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            start = fh.read(len(MAGIC))
+    except OSError:
+        return False
+    # An empty or partly written preamble is a segment cut at birth.
+    return MAGIC.startswith(start) if len(start) < len(MAGIC) else start == MAGIC
+
+
+def list_segments(path: str | os.PathLike[str], glob: str = "*") -> list[str]:
+    """Segment files under ``path`` (a file or a directory), sorted.
+
+    Raises :class:`CaptureSourceError` when ``path`` does not exist.
+    """
+    root = Path(path)
+    if root.is_file():
+        return [str(root)]
+    if not root.is_dir():
+        raise CaptureSourceError(
+            f"capture path {str(root)!r} does not exist; pass the directory the sidecars "
+            "write their capture segments to (capture.directory in the sidecar config)"
+        )
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.startswith(".") or not fnmatch.fnmatch(name, glob):
+                continue
+            candidate = Path(dirpath, name)
+            if is_segment(candidate):
+                found.append(str(candidate))
+    return found
+
+
+_HEAD_DTYPE = np.dtype([(name, kind) for name, kind in RECORD_HEAD_FIELDS])
+assert _HEAD_DTYPE.itemsize == RECORD_HEAD_SIZE
+_MODES = pa.array([m.label for m in sorted(Mode)], pa.string())
+_ROLES = {"unknown", "egress", "ingress", "standby"}
+
+
+def _constant(value: Any, n: int, type_: pa.DataType) -> pa.Array:
+    return pc.take(pa.array([value], type_), pa.array(np.zeros(n, np.int32)))
+
+
+def arrow_schema(schema: StructType = SCHEMA) -> pa.Schema:
+    """The Arrow schema Spark expects for ``schema`` (timestamps in UTC)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def segment_batches(
+    path: str,
+    schema: pa.Schema | None = None,
+    *,
+    payloads: bool = False,
+    batch_rows: int = BATCH_ROWS,
+) -> Iterator[pa.RecordBatch]:
+    """Read one segment file into Arrow batches of the data source's schema.
+
+    Raises :class:`protocol.errors.RemoteProtocolError` for a corrupt segment;
+    a cut segment yields its whole records with ``complete`` false.
+    """
+    if schema is None:
+        schema = arrow_schema()
+    with open(path, "rb") as fh:
+        data = fh.read()
+    scan = scan_segment_untrusted(data)
+    if scan.header is None or scan.records == 0:
+        return
+    kind_names = pa.array(_kind_names(), pa.string())
+    strings = pa.array(scan.strings, pa.string())
+    buf = np.frombuffer(data, np.uint8)
+    offsets = np.frombuffer(scan.record_offsets, np.uint64).astype(np.int64)
+    head_index = np.arange(RECORD_HEAD_SIZE, dtype=np.int64)
+    for first in range(0, len(offsets), batch_rows):
+        offs = offsets[first : first + batch_rows]
+        yield _batch(data, buf, offs, head_index, scan, path, schema, kind_names, strings, payloads)
+
+
+def _batch(
+    data: bytes,
+    buf: np.ndarray,
+    offs: np.ndarray,
+    head_index: np.ndarray,
+    scan: SegmentScan,
+    path: str,
+    schema: pa.Schema,
+    kind_names: pa.Array,
+    strings: pa.Array,
+    payloads: bool,
+) -> pa.RecordBatch:
+    header = scan.header
+    assert header is not None
+    heads = buf[offs[:, None] + head_index].view(_HEAD_DTYPE)[:, 0]
+    counts = heads["queue_count"].astype(np.int64)
+    per_record = np.maximum(counts, 1)
+    rows = int(per_record.sum())
+    record = np.repeat(np.arange(len(offs)), per_record)
+    starts = np.cumsum(per_record) - per_record
+    queue_index = np.arange(rows, dtype=np.int64) - np.repeat(starts, per_record)
+    has_queue = np.repeat(counts > 0, per_record)
+    # queue ids: u32 big-endian right after the head
+    qoff = offs[record] + RECORD_HEAD_SIZE + 4 * queue_index
+    qoff = np.where(has_queue, qoff, 0)
+    qbytes = buf[qoff[:, None] + np.arange(4)].view(">u4")[:, 0]
+    queue = pc.take(strings, pa.array(qbytes.astype(np.int64), mask=~has_queue))
+
+    def col(name: str, dtype: type = np.int64) -> np.ndarray:
+        return heads[name].astype(dtype)[record]
+
+    rule_id = col("rule_id", np.int32)
+    no_rule = rule_id == NO_RULE
+    wall = heads["wall_time_us"].astype(np.int64)[record]
+    flags = col("flags", np.int32)
+    if payloads:
+        payload_len = col("payload_len")
+        ends = offs[record] + RECORD_HEAD_SIZE + 4 * counts[record]
+        has = (flags & 1).astype(bool)
+        payload = pa.array(
+            [
+                data[e : e + n] if h else None
+                for e, n, h in zip(ends.tolist(), payload_len.tolist(), has.tolist(), strict=True)
+            ],
+            pa.binary(),
+        )
+    else:
+        payload = pa.nulls(rows, pa.binary())
+    columns = {
+        "segment": _constant(path, rows, pa.string()),
+        "complete": _constant(scan.complete, rows, pa.bool_()),
+        "site": _constant(header.site, rows, pa.string()),
+        "node": _constant(header.node, rows, pa.int32()),
+        "role": _constant(header.role.label, rows, pa.string()),
+        "stream": _constant(header.stream.label, rows, pa.string()),
+        "incarnation": _constant(
+            np.array([header.incarnation], np.uint64).astype(np.int64)[0], rows, pa.int64()
+        ),
+        "wall_time": pa.array(wall, pa.timestamp("us", tz="UTC")),
+        "wall_time_us": pa.array(wall),
+        "cseq": pa.array(col("cseq")),
+        "origin_cseq": pa.array(col("origin_cseq")),
+        "origin_incarnation": pa.array(col("origin_incarnation")),
+        "kind": pa.array(col("kind", np.int32)),
+        "kind_name": pc.take(kind_names, pa.array(col("kind", np.int32))),
+        "mode": pc.take(_MODES, pa.array(col("mode", np.int32))),
+        "rule_id": pa.array(rule_id, mask=no_rule),
+        "rule": pc.take(strings, pa.array(col("rule_name"), mask=no_rule)),
+        "queue": queue,
+        "queue_index": pa.array(queue_index.astype(np.int32)),
+        "queue_count": pa.array(counts[record].astype(np.int32)),
+        "bytes": pa.array(col("size")),
+        "wire_bytes": pa.array(col("wire_size")),
+        "resync": pa.array((flags & 2).astype(bool)),
+        "payload": payload,
+    }
+    return pa.RecordBatch.from_arrays([columns[n] for n in schema.names], schema=schema)
+
+
+@dataclass(frozen=True)
+class SegmentPartition(InputPartition):
+    """One segment file."""
+
+    path: str
+
+
+class CaptureDataSource(DataSource):
+    """``spark.read.format("drgate-capture")``: capture segments, one partition each."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return CaptureSourceReader(dict(self.options), schema)
+
+
+def _bool_option(options: dict[str, str], key: str) -> bool:
+    value = str(options.get(key, "false")).lower()
+    if value not in {"true", "false"}:
+        raise CaptureSourceError(f"option {key}={value!r}: use true or false")
+    return value == "true"
+
+
+class CaptureSourceReader(DataSourceReader):
+    """Lists segments in :meth:`partitions` (driver) and reads them in :meth:`read` (worker)."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self.path = options.get("path")
+        if not self.path:
+            raise CaptureSourceError('load a path: spark.read.format("drgate-capture").load(DIR)')
+        self.glob = options.get("glob", "*")
+        self.payloads = _bool_option(options, "payloads")
+        self.schema = schema
+
+    def partitions(self) -> list[InputPartition]:
+        return [SegmentPartition(p) for p in list_segments(self.path or "", self.glob)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SegmentPartition)
+        schema = arrow_schema(self.schema)
+        yield from segment_batches(partition.path, schema, payloads=self.payloads)
+
+
+def register(spark: Any) -> None:
+    """Register the data source with a session (idempotent)."""
+    spark.dataSource.register(CaptureDataSource)
