@@ -171,7 +171,7 @@ class Capabilities(LinkOption):
 
 
 async def test_send_n_then_receive_them_with_credit() -> None:
-    n = 300
+    n = 100
     handler = MemoryHandler()
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
