@@ -342,7 +342,7 @@ def restore_untrusted(data: bytes | bytearray | memoryview) -> SiteState:
     except RemoteProtocolError:
         raise
     except (struct.error, IndexError, UnicodeDecodeError, ValueError, KeyError) as exc:
-        raise RemoteProtocolError(f"malformed snapshot: {exc}") from exc
+        raise RemoteProtocolError(f"truncated or malformed snapshot: {exc}") from exc
 
 
 restore: Callable[[bytes | bytearray | memoryview], SiteState] = restore_untrusted
@@ -420,17 +420,34 @@ def _restore(r: _Reader) -> SiteState:
         messages = q.messages
         total = 0
         last = 0
-        for _ in range(r.u32()):
-            pos, origin_pos, flags, mid_len = _MSG.unpack_from(data, r.off)
-            r.off += _MSG.size
-            mid = r.raw(mid_len).decode("utf-8")
-            props = r.map() if flags & _HAS_PROPERTIES else None
-            body = r.bytes32()
+        size = len(data)
+        unpack_msg = _MSG.unpack_from
+        unpack_u32 = _U32.unpack_from
+        count = r.u32()
+        off = r.off
+        # The hot loop of a restore: slices, one bound check per message.
+        for _ in range(count):
+            pos, origin_pos, flags, mid_len = unpack_msg(data, off)
+            off += _MSG.size
+            mid = data[off : off + mid_len].decode("utf-8")
+            off += mid_len
+            props = None
+            if flags & _HAS_PROPERTIES:
+                r.off = off
+                props = r.map()
+                off = r.off
+            (body_len,) = unpack_u32(data, off)
+            off += 4
+            body = data[off : off + body_len]
+            off += body_len
+            if off > size:
+                raise RemoteProtocolError(f"truncated snapshot: queue {name!r} is cut short")
             if pos <= last:
                 raise RemoteProtocolError(f"snapshot queue {name!r}: positions out of order")
             last = pos
             messages[pos] = Message(pos, body, mid, props, bool(flags & _REDELIVERED), origin_pos)
-            total += len(body)
+            total += body_len
+        r.off = off
         if next_pos <= last:
             raise RemoteProtocolError(f"snapshot queue {name!r}: next_pos {next_pos} <= {last}")
         q.next_pos = next_pos
