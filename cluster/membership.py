@@ -1,0 +1,159 @@
+"""Who in a site's view holds the state, who gives it to a joiner, and when.
+
+Theory of operation
+-------------------
+Every member (broker or sidecar) keeps the whole site state and applies the
+bus stream.  A member that joins a live site has no state: it *buffers* the
+events it delivers from its join view on, until a *donor* sends it a snapshot
+cut at a known point of the stream; it then drops the buffered events the
+snapshot already contains and applies the rest.
+
+The point of the cut is counted in *events* (deliveries and view changes)
+since the view change that added the joiner.  Virtual synchrony gives every
+member that survives a view change the same events from there on, so the
+donor and the joiner count the same events and agree on the cut without
+exchanging anything else.
+
+Rules, applied identically by every member from the same stream:
+
+* **Genesis.** A view in which every member is new (nobody survived from an
+  earlier view) starts a site from nothing: every member of that view is ready
+  with the empty state, and the lowest one multicasts ``Genesis`` with a fresh
+  incarnation.  The same holds for a joiner whose older members (those in the
+  view before it) have all left before it got a snapshot: the site's state is
+  gone with them, and the joiner starts a new incarnation with the others of
+  its cohort (those that joined in the same view).
+* **Ready set.** Members become ready at genesis or when their
+  ``MemberReady`` command is delivered; they leave the set when they leave the
+  view.  The ready set as of the cut travels in the snapshot.
+* **Donor.** The lowest ready member of a quorate view sends a snapshot to
+  every member of the view that is not ready and that it has not served yet.
+  When a donor leaves mid-transfer, the next lowest takes over at the view
+  change that removed it and sends a new snapshot; the joiner takes the first
+  complete one.
+
+This module is pure: :class:`Membership` takes view changes and ``MemberReady``
+commands and answers what to do; the node does it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cluster.bus.contract import MemberId, ViewChange
+
+
+@dataclass(frozen=True, slots=True)
+class SendSnapshot:
+    """Send a snapshot to ``target``, cut here; ``cut`` is the number of the
+    joiner's events the snapshot already covers."""
+
+    target: MemberId
+    cut: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartGenesis:
+    """Start from the empty state here; ``announce`` says whether this member
+    multicasts the ``Genesis`` command (the lowest of the cohort does)."""
+
+    announce: bool
+
+
+Action = SendSnapshot | StartGenesis
+
+
+@dataclass(slots=True)
+class Membership:
+    """One member's view of the site's membership (see the module docstring)."""
+
+    me: MemberId
+    ready: set[MemberId] = field(default_factory=set)
+    members: tuple[MemberId, ...] = ()
+    quorate: bool = True
+    is_ready: bool = False
+    # Events delivered since my own join view (the join view itself is 0).
+    events: int = 0
+    # For members I saw join: my event count just after their join view.
+    joined_at: dict[MemberId, int] = field(default_factory=dict)
+    # While not ready: the members that were there before me, and my cohort.
+    older: set[MemberId] = field(default_factory=set)
+    cohort: set[MemberId] = field(default_factory=set)
+    served: set[MemberId] = field(default_factory=set)
+    _joined: bool = False
+
+    def on_view(self, view: ViewChange) -> list[Action]:
+        """A view change was delivered; what this member must do now."""
+        self.members = view.members
+        self.quorate = view.quorate
+        if not self._joined:
+            self._joined = True
+            self.events = 0
+            for m in view.joined:
+                self.joined_at[m] = 0
+            self.cohort = set(view.joined)
+            self.older = set(view.members) - set(view.joined)
+            if not self.older:
+                return self._genesis(set(view.members))
+            return []
+        self.events += 1
+        for m in view.left:
+            self.ready.discard(m)
+            self.served.discard(m)
+            self.joined_at.pop(m, None)
+            self.older.discard(m)
+            self.cohort.discard(m)
+        for m in view.joined:
+            self.joined_at[m] = self.events
+        if not self.is_ready:
+            if not self.older:
+                return self._genesis(self.cohort & set(view.members))
+            return []
+        return self._donations()
+
+    def on_delivery(self) -> None:
+        """Count a delivery (any frame) in the event stream."""
+        self.events += 1
+
+    def on_member_ready(self, member: MemberId) -> None:
+        if member in self.members:
+            self.ready.add(member)
+
+    def on_restored(self, ready: set[MemberId], members: tuple[MemberId, ...]) -> None:
+        """My snapshot is applied: I know the donor's ready set as of the cut."""
+        self.is_ready = True
+        self.ready = {m for m in ready if m in self.members}
+        self.older.clear()
+
+    def donor(self) -> MemberId | None:
+        """The lowest ready member of the view, or ``None`` (no quorum, or nobody)."""
+        if not self.quorate or not self.ready:
+            return None
+        return min(self.ready)
+
+    def cut_for(self, target: MemberId) -> int | None:
+        at = self.joined_at.get(target)
+        return None if at is None else self.events - at
+
+    def _genesis(self, cohort: set[MemberId]) -> list[Action]:
+        self.is_ready = True
+        self.ready = set(cohort) | {self.me}
+        self.older.clear()
+        actions: list[Action] = [StartGenesis(announce=self.me == min(self.ready))]
+        return actions + self._donations()
+
+    def _donations(self) -> list[Action]:
+        if self.donor() != self.me:
+            return []
+        actions: list[Action] = []
+        for m in self.members:
+            if m in self.ready or m in self.served:
+                continue
+            cut = self.cut_for(m)
+            if cut is None:
+                # It joined before I could see it (I was not ready then); an
+                # older member holds its join point.  Nothing safe to send.
+                continue
+            self.served.add(m)
+            actions.append(SendSnapshot(m, cut))
+        return actions

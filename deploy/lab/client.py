@@ -1,0 +1,240 @@
+"""A Proton AMQP 1.0 client for the lab, tests and demo (Qpid Proton's own Container API).
+
+Runs as a process so that it can be started inside a node's network
+namespace (``ip netns exec``) as well as on loopback::
+
+    python -m deploy.lab.client publish amqp://127.0.0.1:5672 orders --count 10000
+    python -m deploy.lab.client consume amqp://127.0.0.1:5673 orders --count 10000
+    python -m deploy.lab.client describe amqp://127.0.0.1:5672
+
+Each prints one JSON object on stdout: ``publish`` the counts of accepted and
+rejected messages (with the first rejection's text), ``consume`` the message
+ids received in order, ``describe`` the broker's queues and digest.
+Messages carry ids ``PREFIX-N`` (N from ``--start``) and the application
+property ``seq``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from proton import Message
+from proton.handlers import MessagingHandler
+from proton.reactor import Container
+
+
+class Publisher(MessagingHandler):  # type: ignore[misc]
+    def __init__(
+        self,
+        url: str,
+        address: str,
+        count: int,
+        prefix: str,
+        start: int,
+        size: int,
+        subject: str | None,
+        headers: dict[str, str],
+    ) -> None:
+        super().__init__()
+        self.url, self.address, self.count = url, address, count
+        self.prefix, self.start, self.size = prefix, start, size
+        self.subject, self.headers = subject, headers
+        self.sent = 0
+        self.accepted = 0
+        self.rejected = 0
+        self.first_error = ""
+        self.error = ""
+
+    def on_start(self, event: Any) -> None:
+        conn = event.container.connect(self.url)
+        event.container.create_sender(conn, self.address)
+
+    def on_sendable(self, event: Any) -> None:
+        while event.sender.credit and self.sent < self.count:
+            n = self.start + self.sent
+            props = {"seq": n, **self.headers}
+            body = f"{self.prefix}-{n}".ljust(self.size, ".")
+            event.sender.send(
+                Message(id=f"{self.prefix}-{n}", body=body, subject=self.subject, properties=props)
+            )
+            self.sent += 1
+
+    def on_accepted(self, event: Any) -> None:
+        self.accepted += 1
+        self._maybe_done(event)
+
+    def on_rejected(self, event: Any) -> None:
+        self.rejected += 1
+        condition = event.delivery.remote.condition
+        if not self.first_error and condition is not None:
+            self.first_error = f"{condition.name}: {condition.description}"
+        self._maybe_done(event)
+
+    def _maybe_done(self, event: Any) -> None:
+        if self.accepted + self.rejected >= self.count:
+            event.connection.close()
+
+    def on_link_error(self, event: Any) -> None:
+        condition = event.link.remote_condition
+        self.error = f"{condition.name}: {condition.description}" if condition else "link error"
+        event.connection.close()
+
+    def on_transport_error(self, event: Any) -> None:
+        condition = event.transport.condition
+        self.error = (
+            f"{condition.name}: {condition.description}" if condition else "transport error"
+        )
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "sent": self.sent,
+            "accepted": self.accepted,
+            "rejected": self.rejected,
+            "first_rejection": self.first_error,
+            "error": self.error,
+        }
+
+
+class Consumer(MessagingHandler):  # type: ignore[misc]
+    def __init__(
+        self, url: str, address: str, count: int, idle_s: float, credit: int, release_every: int
+    ) -> None:
+        super().__init__(prefetch=credit, auto_accept=False)
+        self.url, self.address, self.count, self.idle_s = url, address, count, idle_s
+        self.release_every = release_every
+        self.ids: list[str] = []
+        self.redelivered = 0
+        self.error = ""
+        self.timer: Any = None
+        self.conn: Any = None
+
+    def on_start(self, event: Any) -> None:
+        self.conn = event.container.connect(self.url)
+        event.container.create_receiver(self.conn, self.address)
+        self._arm(event.container)
+
+    def _arm(self, container: Any) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = container.schedule(self.idle_s, self)
+
+    def on_timer_task(self, event: Any) -> None:
+        # Nothing arrived for idle_s: we have what there is.
+        if self.conn is not None:
+            self.conn.close()
+
+    def on_message(self, event: Any) -> None:
+        if event.message.delivery_count:
+            self.redelivered += 1
+        self.ids.append(str(event.message.id))
+        self.accept(event.delivery)
+        self._arm(event.container)
+        if self.count and len(self.ids) >= self.count:
+            self.timer.cancel()
+            event.connection.close()
+
+    def on_link_error(self, event: Any) -> None:
+        condition = event.link.remote_condition
+        self.error = f"{condition.name}: {condition.description}" if condition else "link error"
+        if self.timer is not None:
+            self.timer.cancel()
+        event.connection.close()
+
+    def on_transport_error(self, event: Any) -> None:
+        condition = event.transport.condition
+        self.error = (
+            f"{condition.name}: {condition.description}" if condition else "transport error"
+        )
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "received": len(self.ids),
+            "ids": self.ids,
+            "redelivered": self.redelivered,
+            "error": self.error,
+        }
+
+
+class Describer(MessagingHandler):  # type: ignore[misc]
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+        self.body: Any = None
+        self.error = ""
+
+    def on_start(self, event: Any) -> None:
+        conn = event.container.connect(self.url)
+        event.container.create_receiver(conn, "$drgate.queues")
+
+    def on_message(self, event: Any) -> None:
+        self.body = json.loads(event.message.body)
+        event.connection.close()
+
+    def on_transport_error(self, event: Any) -> None:
+        condition = event.transport.condition
+        self.error = (
+            f"{condition.name}: {condition.description}" if condition else "transport error"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deploy.lab.client", description=__doc__)
+    sub = parser.add_subparsers(dest="op", required=True)
+    pub = sub.add_parser("publish")
+    pub.add_argument("url")
+    pub.add_argument("address")
+    pub.add_argument("--count", type=int, default=1)
+    pub.add_argument("--prefix", default="m")
+    pub.add_argument("--start", type=int, default=1)
+    pub.add_argument("--size", type=int, default=0, help="pad bodies to this many characters")
+    pub.add_argument("--subject", default=None, help="routing key when sending to an exchange")
+    pub.add_argument("--header", action="append", default=[], metavar="K=V")
+    con = sub.add_parser("consume")
+    con.add_argument("url")
+    con.add_argument("address")
+    con.add_argument("--count", type=int, default=0, help="stop after this many (0: until idle)")
+    con.add_argument(
+        "--idle", type=float, default=3.0, help="stop after this long without a message"
+    )
+    con.add_argument("--credit", type=int, default=100)
+    con.add_argument("--release-every", type=int, default=0)
+    des = sub.add_parser("describe")
+    des.add_argument("url")
+    args = parser.parse_args(argv)
+    handler: Any
+    if args.op == "publish":
+        headers = dict(h.split("=", 1) for h in args.header)
+        handler = Publisher(
+            args.url,
+            args.address,
+            args.count,
+            args.prefix,
+            args.start,
+            args.size,
+            args.subject,
+            headers,
+        )
+    elif args.op == "consume":
+        handler = Consumer(
+            args.url, args.address, args.count, args.idle, args.credit, args.release_every
+        )
+    else:
+        handler = Describer(args.url)
+    Container(handler).run()
+    result = (
+        handler.result()
+        if hasattr(handler, "result")
+        else {"describe": handler.body, "error": handler.error}
+    )
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+    return 0 if not result.get("error") else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

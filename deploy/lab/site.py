@@ -1,0 +1,266 @@
+"""A broker site on this machine: the bus, N brokers, and (later) sidecars, as processes.
+
+Used by the integration tests, the benchmarks and the demo.  Two backends:
+
+* ``embedded``: a ``drgate bus`` sequencer and every process on loopback;
+* ``corosync``: a :class:`deploy.lab.netns.CorosyncSite` (one network
+  namespace per node), each broker started inside its node's namespace.
+
+Every process is started here and stopped here, by its pid, also when the
+caller fails (use the site as a context manager).  A process is *ready* when
+it prints its ready line; waiting for it has a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from deploy.lab.netns import CorosyncSite
+
+# A process that has not printed its ready line by then has failed to start.
+START_TIMEOUT_S = 60.0
+# How long a process gets to stop on SIGTERM before SIGKILL.
+STOP_TIMEOUT_S = 10.0
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class SiteError(RuntimeError):
+    """A lab process failed to start or misbehaved; the message says where its log is."""
+
+
+@dataclass
+class Proc:
+    """A process the site started, with the lines it printed (stdout and stderr)."""
+
+    name: str
+    popen: subprocess.Popen[str]
+    log_path: Path
+    lines: queue.Queue[str] = field(default_factory=queue.Queue)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def wait_line(self, contains: str, *, timeout: float = START_TIMEOUT_S) -> str:
+        """The first printed line containing ``contains``; raises on exit or deadline."""
+
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SiteError(
+                    f"{self.name} did not print {contains!r} in {timeout:.0f} s; "
+                    f"log: {self.log_path}"
+                )
+            try:
+                line = self.lines.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                if not self.alive():
+                    raise SiteError(
+                        f"{self.name} exited with {self.popen.returncode} before {contains!r}; "
+                        f"log: {self.log_path}\n{self.log_path.read_text()[-2000:]}"
+                    ) from None
+                continue
+            if contains in line:
+                return line
+
+
+def _pump(proc: Proc) -> None:
+    assert proc.popen.stdout is not None
+    with proc.log_path.open("a") as log:
+        for line in proc.popen.stdout:
+            log.write(line)
+            log.flush()
+            proc.lines.put(line)
+
+
+def drgate_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gateway.cli", *args]
+
+
+class BrokerSite:
+    """A site of ``nodes`` brokers on one bus (see the module docstring)."""
+
+    def __init__(
+        self,
+        cluster: str = "site-p",
+        *,
+        nodes: int = 3,
+        backend: str = "embedded",
+        corosync: CorosyncSite | None = None,
+        workdir: str | Path | None = None,
+        group: str = "drgate",
+    ) -> None:
+        if backend == "corosync" and corosync is None:
+            raise SiteError("a corosync site needs a running CorosyncSite (deploy.lab.netns)")
+        self.cluster = cluster
+        self.node_ids = list(range(1, nodes + 1))
+        self.backend = backend
+        self.corosync = corosync
+        self.group = group
+        self.workdir = (
+            Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"site-{cluster}-"))
+        )
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.bus_address: str | None = None
+        self.procs: dict[str, Proc] = {}
+        self.amqp: dict[int, str] = {}
+
+    # -- lifetime ------------------------------------------------------------
+
+    def __enter__(self) -> BrokerSite:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self.backend == "embedded":
+            self.start_bus()
+        for node in self.node_ids:
+            self.start_broker(node)
+
+    def start_bus(self) -> None:
+        proc = self._spawn(
+            "bus", drgate_argv("bus", "--listen", "127.0.0.1:0", "--group", self.group)
+        )
+        line = proc.wait_line("listening on")
+        self.bus_address = line.split("listening on", 1)[1].split()[0]
+
+    def broker_config(self, node: int) -> Path:
+        if self.backend == "corosync":
+            assert self.corosync is not None
+            listen = f"{self.corosync.node(node).address}:5672"
+            bus = f"  backend: corosync\n  group: {self.group}\n"
+        else:
+            listen = "127.0.0.1:0"
+            bus = f"  backend: embedded\n  group: {self.group}\n  address: {self.bus_address}\n"
+        path = self.workdir / f"broker-{node}.yaml"
+        path.write_text(
+            f"cluster: {self.cluster}\nnode: {node}\nbus:\n{bus}amqp:\n  listen: {listen}\n"
+        )
+        return path
+
+    def start_broker(self, node: int) -> Proc:
+        config = self.broker_config(node)
+        proc = self._spawn(
+            f"broker-{node}", drgate_argv("broker", "--config", str(config)), node=node
+        )
+        line = proc.wait_line("ready, amqp port")
+        port = int(line.rsplit("amqp port", 1)[1].strip())
+        host = self.corosync.node(node).address if self.corosync is not None else "127.0.0.1"
+        self.amqp[node] = f"amqp://{host}:{port}"
+        return proc
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[name]
+        if proc.alive():
+            os.kill(proc.pid, sig)
+        proc.popen.wait(timeout=STOP_TIMEOUT_S)
+
+    def stop(self) -> None:
+        """Stop every process this site started (SIGTERM, then SIGKILL), by pid."""
+        for proc in reversed(list(self.procs.values())):
+            if proc.alive():
+                proc.popen.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.popen.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait(timeout=STOP_TIMEOUT_S)
+
+    def _spawn(self, name: str, argv: list[str], *, node: int | None = None) -> Proc:
+        if self.corosync is not None and node is not None:
+            argv = self.corosync.ns_argv(node, argv)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        popen = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env=env,
+        )
+        proc = Proc(name, popen, self.workdir / f"{name}.log")
+        self.procs[name] = proc
+        threading.Thread(target=_pump, args=(proc,), daemon=True).start()
+        return proc
+
+    # -- clients --------------------------------------------------------------
+
+    def client(self, node: int, *args: str, timeout: float = 300.0) -> dict[str, Any]:
+        """Run ``python -m deploy.lab.client ARGS`` where node ``node``'s
+        broker is reachable; its JSON result."""
+        argv = [sys.executable, "-m", "deploy.lab.client", *args]
+        if self.corosync is not None:
+            argv = self.corosync.ns_argv(node, argv)
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env, check=False
+        )
+        try:
+            result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError) as exc:
+            raise SiteError(f"client {args} failed: {done.stderr[-2000:]}") from exc
+        return result
+
+    def client_popen(self, node: int, *args: str) -> subprocess.Popen[str]:
+        """Start a client without waiting; ``finish_client`` reads its result."""
+        argv = [sys.executable, "-m", "deploy.lab.client", *args]
+        if self.corosync is not None:
+            argv = self.corosync.ns_argv(node, argv)
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        return subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env
+        )
+
+    def describe(self, node: int) -> dict[str, Any]:
+        result = self.client(node, "describe", self.amqp[node], timeout=60)
+        if result.get("error"):
+            raise SiteError(f"describe of node {node} failed: {result['error']}")
+        described: dict[str, Any] = result["describe"]
+        return described
+
+    def admin(self, node: int, *args: str) -> subprocess.CompletedProcess[str]:
+        argv = drgate_argv("admin", "--broker", self.amqp[node], *args)
+        if self.corosync is not None:
+            argv = self.corosync.ns_argv(node, argv)
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env, check=False
+        )
+
+
+def finish_client(popen: subprocess.Popen[str], *, timeout: float = 300.0) -> dict[str, Any]:
+    out, err = popen.communicate(timeout=timeout)
+    try:
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError) as exc:
+        raise SiteError(f"client failed: {err[-2000:]}") from exc
+    return result

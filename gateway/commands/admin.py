@@ -1,0 +1,178 @@
+"""``drgate admin``: declare, delete and list queues, exchanges and bindings.
+
+The counterpart of Qpid's ``qpid-config``.  It talks AMQP 1.0 to a broker:
+requests go as JSON messages to the broker's ``$drgate.admin`` address and are
+settled once the change has come back on the site bus (so every broker has
+it); listings come from ``$drgate.queues``.  ``--replicate`` sets the Qpid
+queue arguments that the rules' ``from-args`` mode reads:
+
+=========  ==================================================================
+full       qpid.replicate=all, qpid.queue_event_generation=2
+enqueue    qpid.replicate=all, qpid.queue_event_generation=1
+wiring     qpid.replicate=configuration
+none       qpid.replicate=none
+=========  ==================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from protocol.errors import DrgateError
+
+NAME = "admin"
+HELP = "declare, delete and list queues, exchanges and bindings (like qpid-config)"
+TIMEOUT_S = 30.0
+
+REPLICATE_ARGS: dict[str, dict[str, Any]] = {
+    "full": {"qpid.replicate": "all", "qpid.queue_event_generation": 2},
+    "enqueue": {"qpid.replicate": "all", "qpid.queue_event_generation": 1},
+    "wiring": {"qpid.replicate": "configuration"},
+    "none": {"qpid.replicate": "none"},
+}
+
+
+class AdminError(DrgateError):
+    """The broker refused a request or could not be reached."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--broker",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="broker URL, e.g. amqp://127.0.0.1:5672 (repeat to list several nodes)",
+    )
+    sub = parser.add_subparsers(dest="op", required=True, metavar="OP")
+    add = sub.add_parser("add-queue", help="declare a queue")
+    add.add_argument("name")
+    add.add_argument("--replicate", choices=sorted(REPLICATE_ARGS), help="replication mode")
+    add.add_argument("--max-depth", type=int, help="refuse publishes beyond this many messages")
+    add.add_argument("--arg", action="append", default=[], metavar="K=V", help="queue argument")
+    for op, what in (("del-queue", "delete a queue"), ("purge", "purge a queue")):
+        p = sub.add_parser(op, help=what)
+        p.add_argument("name")
+    ex = sub.add_parser("add-exchange", help="declare an exchange")
+    ex.add_argument("type", choices=["direct", "fanout", "topic"])
+    ex.add_argument("name")
+    ex.add_argument("--arg", action="append", default=[], metavar="K=V")
+    dx = sub.add_parser("del-exchange", help="delete an exchange")
+    dx.add_argument("name")
+    for op in ("bind", "unbind"):
+        b = sub.add_parser(op, help=f"{op} a queue to an exchange")
+        b.add_argument("name", metavar="EXCHANGE")
+        b.add_argument("queue")
+        b.add_argument("key", nargs="?", default="")
+    sub.add_parser("queues", help="list queues and their depth on each --broker")
+    sub.add_parser("exchanges", help="list exchanges and bindings")
+
+
+def _args(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise AdminError(f"--arg {pair!r}: write it as KEY=VALUE")
+        out[key] = int(value) if value.lstrip("-").isdigit() else value
+    return out
+
+
+def request_for(args: argparse.Namespace) -> dict[str, Any]:
+    request: dict[str, Any] = {"op": args.op, "name": args.name}
+    if args.op == "add-queue":
+        arguments = _args(args.arg)
+        if args.replicate:
+            arguments.update(REPLICATE_ARGS[args.replicate])
+        if args.max_depth is not None:
+            arguments["qpid.max_count"] = args.max_depth
+        request["args"] = arguments
+    elif args.op == "add-exchange":
+        request["type"] = args.type
+        request["args"] = _args(args.arg)
+    elif args.op in ("bind", "unbind"):
+        request["queue"] = args.queue
+        request["key"] = args.key
+    return request
+
+
+def send_request(url: str, request: dict[str, Any]) -> None:
+    from proton import Message
+    from proton.utils import BlockingConnection, SendException
+
+    try:
+        conn = BlockingConnection(url, timeout=TIMEOUT_S)
+    except Exception as exc:
+        raise AdminError(f"cannot connect to {url}: {exc}") from exc
+    try:
+        sender = conn.create_sender("$drgate.admin")
+        sender.send(Message(body=json.dumps(request)))
+    except SendException as exc:
+        raise AdminError(
+            f"{url} refused {request['op']} {request.get('name', '')!r}: {exc}"
+        ) from exc
+    finally:
+        conn.close()
+
+
+def describe(url: str) -> dict[str, Any]:
+    from proton.utils import BlockingConnection
+
+    try:
+        conn = BlockingConnection(url, timeout=TIMEOUT_S)
+    except Exception as exc:
+        raise AdminError(f"cannot connect to {url}: {exc}") from exc
+    try:
+        receiver = conn.create_receiver("$drgate.queues")
+        message = receiver.receive(timeout=TIMEOUT_S)
+        receiver.accept()
+        result: dict[str, Any] = json.loads(message.body)
+        return result
+    finally:
+        conn.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    if args.op == "queues":
+        table = Table(title="queues")
+        table.add_column("node")
+        table.add_column("queue")
+        table.add_column("depth", justify="right")
+        table.add_column("acquired", justify="right")
+        table.add_column("replica")
+        table.add_column("arguments")
+        for url in args.broker:
+            info = describe(url)
+            for q in info["queues"]:
+                replica = q["replica"]
+                table.add_row(
+                    f"{info['node']}",
+                    q["name"],
+                    str(q["depth"]),
+                    str(q["acquired"]),
+                    "" if replica is None else f"{replica['mode']} of {replica['origin']}",
+                    ", ".join(f"{k}={v}" for k, v in q["args"].items()),
+                )
+        console.print(table)
+        return 0
+    if args.op == "exchanges":
+        info = describe(args.broker[0])
+        table = Table(title=f"exchanges at {info['cluster']}")
+        table.add_column("exchange")
+        table.add_column("type")
+        table.add_column("bindings")
+        for x in info["exchanges"]:
+            bindings = ", ".join(f"{b['queue']}({b['key']})" for b in x["bindings"])
+            table.add_row(x["name"] or "(default)", x["type"], bindings)
+        console.print(table)
+        return 0
+    request = request_for(args)
+    send_request(args.broker[0], request)
+    console.print(f"{args.op} {args.name}: done")
+    return 0
