@@ -38,7 +38,7 @@ from cluster.state.model import (
     session_owner,
     topic_matches,
 )
-from cluster.state.snapshot import digest, queue_digest, restore, restore_untrusted, snapshot
+from cluster.state.snapshots import digest, queue_digest, restore, restore_untrusted, snapshot
 from cluster.state.views import (
     ExchangeInfo,
     OriginInfo,
