@@ -204,6 +204,8 @@ class LinkSender:
         # queued items in wire order: events and resync frames
         self._queue: deque[LinkEvent | ResyncBegin | ResyncChunk | ResyncEnd] = deque()
         self._queued_bytes = 0  # raw bytes of LinkEvents in _queue
+        # events queued during a resync: they go after RESYNC_END
+        self._held: list[LinkEvent] = []
         self._queued_events = 0
         self._linger_start: float | None = None
         # in flight: (seq, raw bytes) per event; chunk sizes in send order
@@ -289,6 +291,9 @@ class LinkSender:
             )
         self._apply(SenderInput.SEND_EVENT)
         self._last_queued_seq = event.seq
+        if self.state is SenderState.RESYNCING:
+            self._held.append(event)
+            return
         self._queue.append(event)
         self._queued_bytes += size
         self._queued_events += 1
@@ -345,6 +350,11 @@ class LinkSender:
         assert begin is not None
         self._queue.append(ResyncEnd(begin.cut_seq, begin.total_chunks, begin.total_bytes))
         self._resync = None
+        for event in self._held:
+            self._queue.append(event)
+            self._queued_bytes += EVENT_OVERHEAD + len(event.payload)
+            self._queued_events += 1
+        self._held.clear()
 
     def send_error(self, code: int, text: str, *, retriable: bool) -> bytes:
         """An ERROR frame to write before closing; the sender is CLOSED after it."""
@@ -633,7 +643,7 @@ class LinkSender:
             last_sent_seq=self._last_sent_seq,
             unacked_events=len(self._inflight),
             unacked_bytes=self._unacked_bytes,
-            queued_events=self._queued_events,
+            queued_events=self._queued_events + len(self._held),
             window_bytes=self._window,
             window_full=self._window_full,
             pings=self._n_pings,
