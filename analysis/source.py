@@ -219,7 +219,8 @@ def _batch(
     queue = pc.take(strings, pa.array(qbytes.astype(np.int64), mask=~has_queue))
 
     def col(name: str, dtype: type = np.int64) -> np.ndarray:
-        return heads[name].astype(dtype)[record]
+        values: np.ndarray = heads[name].astype(dtype)[record]
+        return values
 
     rule_id = col("rule_id", np.int32)
     no_rule = rule_id == NO_RULE

@@ -1,0 +1,438 @@
+"""Analysis jobs over capture DataFrames: audit, lag, traffic.
+
+Each job is a pure ``DataFrame -> DataFrames`` function (:func:`audit`,
+:func:`lag`, :func:`traffic`); :func:`run_job` evaluates one against a
+session and writes its tables (Parquet and CSV), PNG plots and one HTML
+report; :func:`main` is the thin command line that builds the session.  Run
+it as ``drgate analyze JOB --captures DIR``, ``python -m analysis.jobs JOB
+--captures DIR`` or ``spark-submit analysis/jobs.py JOB --captures DIR``.
+
+Event identity across the sites is (origin incarnation, origin cseq, queue):
+on P's forwarded stream the event is the capturing site's own
+(``incarnation``, ``cseq``) unless the record names an origin; on D's
+ingested stream it is the record's (``origin_incarnation``, ``origin_cseq``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from analysis.source import CaptureSourceError, list_segments, register
+
+JOBS = ("audit", "lag", "traffic")
+DEFAULT_WINDOW_S = 10  # ten seconds: fine enough to see a stall, coarse enough to be stable
+DEFAULT_MASTER = "local[2]"
+
+# What each mode replicates (ARCHITECTURE section 1), judged on message kinds
+# only: a message kind forwarded for a mode that does not carry it leaked
+# through the filter.  Other kinds (declares, deletes, bindings...) are not
+# judged, except that mode none forwards nothing at all.
+MESSAGE_KINDS = ("publish", "enqueue", "acquire", "accept", "release", "dequeue", "purge")
+DEQUEUE_KINDS = ("acquire", "accept", "release", "dequeue", "purge")
+
+KEY = ("event_incarnation", "event_cseq", "queue")
+
+
+@dataclass
+class JobResult:
+    """What a job produced: named tables, and the exit code it asks for."""
+
+    name: str
+    tables: dict[str, DataFrame]
+    exit_code: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+# --- shared views -----------------------------------------------------------
+
+
+def segments(df: DataFrame) -> DataFrame:
+    """One row per segment file: who wrote it, how many records, complete or cut."""
+    return (
+        df.where(F.col("queue_index") == 0)
+        .groupBy("segment", "site", "node", "role", "stream", "complete")
+        .agg(
+            F.count("*").alias("records"),
+            F.min("wall_time").alias("first_time"),
+            F.max("wall_time").alias("last_time"),
+        )
+        .orderBy("segment")
+    )
+
+
+def forwarded(df: DataFrame) -> DataFrame:
+    """P's forwarded stream, one row per (event, queue), first forward kept.
+
+    Several egress sidecars may forward the same event (a takeover replays the
+    spool): that is not a duplicate at D, so forwarded rows are deduplicated.
+    """
+    f = df.where(F.col("stream") == "forwarded")
+    f = f.withColumn(
+        "event_incarnation",
+        F.when(F.col("origin_cseq") != 0, F.col("origin_incarnation")).otherwise(
+            F.col("incarnation")
+        ),
+    ).withColumn(
+        "event_cseq",
+        F.when(F.col("origin_cseq") != 0, F.col("origin_cseq")).otherwise(F.col("cseq")),
+    )
+    return f.groupBy(*KEY).agg(
+        F.min("wall_time_us").alias("forward_us"),
+        F.min("mode").alias("mode"),
+        F.min("kind_name").alias("kind_name"),
+        F.min("rule").alias("rule"),
+        F.min("site").alias("origin_site"),
+    )
+
+
+def ingested(df: DataFrame) -> DataFrame:
+    """D's ingested stream, one row per (event, queue) application."""
+    return (
+        df.where(F.col("stream") == "ingested")
+        .withColumnRenamed("origin_incarnation", "event_incarnation")
+        .withColumnRenamed("origin_cseq", "event_cseq")
+        .select(
+            *KEY,
+            F.col("cseq").alias("apply_cseq"),
+            F.col("wall_time_us").alias("apply_us"),
+            F.col("site").alias("dr_site"),
+        )
+    )
+
+
+def _key_join(left: DataFrame, right: DataFrame, how: str) -> DataFrame:
+    # Null-safe on the queue: a command that names no queue (an exchange
+    # declare) is still an event to match.
+    cond = [left[k].eqNullSafe(right[k]) for k in KEY]
+    joined = left.alias("l").join(right.alias("r"), cond, how)
+    if how in ("left_anti", "left_semi"):
+        return joined
+    return joined.select("l.*", *[F.col(f"r.{c}") for c in right.columns if c not in KEY])
+
+
+def leaked(mode: Column, kind_name: Column) -> Column:
+    """True for an event the rules say should have been filtered."""
+    return (
+        (mode == "none")
+        | ((mode == "wiring") & kind_name.isin(*MESSAGE_KINDS))
+        | ((mode == "enqueue") & kind_name.isin(*DEQUEUE_KINDS))
+    )
+
+
+def _window_start(us: Column, window_s: int) -> Column:
+    width = window_s * 1_000_000
+    return F.timestamp_micros(F.floor(us / width) * width).alias("window_start")
+
+
+# --- audit --------------------------------------------------------------------
+
+VIOLATION_COLUMNS = ("violation", "origin_incarnation", "cseq", "queue", "kind_name", "detail")
+VIOLATION_KINDS = ("missing_at_d", "applied_twice", "out_of_order", "filtered_leaked")
+
+
+def audit(df: DataFrame) -> dict[str, DataFrame]:
+    """Exactly-once and order audit of P's forwarded stream against D's ingested one.
+
+    Returns ``violations`` (one row per violation: ``missing_at_d``,
+    ``applied_twice``, ``out_of_order``, ``filtered_leaked``; ``cseq`` is the
+    event's origin cseq) and ``per_queue`` (events forwarded and applied per
+    queue).
+    """
+    fwd = forwarded(df).withColumn("leaked", leaked(F.col("mode"), F.col("kind_name")))
+    ing = ingested(df)
+
+    def shape(frame: DataFrame, violation: str, detail: Column) -> DataFrame:
+        return frame.select(
+            F.lit(violation).alias("violation"),
+            F.col("event_incarnation").alias("origin_incarnation"),
+            F.col("event_cseq").alias("cseq"),
+            F.col("queue"),
+            F.col("kind_name"),
+            detail.alias("detail"),
+        )
+
+    missing = _key_join(fwd.where(~F.col("leaked")), ing, "left_anti")
+    missing = shape(missing, "missing_at_d", F.concat(F.lit("forwarded in mode "), F.col("mode")))
+
+    leaks = shape(
+        fwd.where(F.col("leaked")),
+        "filtered_leaked",
+        F.concat(
+            F.lit("forwarded in mode "),
+            F.col("mode"),
+            F.lit(" by rule "),
+            F.coalesce(F.col("rule"), F.lit("(default)")),
+        ),
+    )
+
+    copies = ing.groupBy(*KEY).agg(
+        F.count("*").alias("copies"), F.sort_array(F.collect_list("apply_cseq")).alias("at")
+    )
+    kinds = fwd.select(*KEY, "kind_name")
+    twice = _key_join(copies.where(F.col("copies") > 1), kinds, "left")
+    twice = shape(
+        twice,
+        "applied_twice",
+        F.concat(
+            F.lit("applied "),
+            F.col("copies").cast("string"),
+            F.lit(" times at D cseq "),
+            F.array_join(F.col("at").cast("array<string>"), ", "),
+        ),
+    )
+
+    # Order: over first applications only (a duplicate is reported above), the
+    # origin cseq must rise with D's apply order within each (origin, queue).
+    first = ing.groupBy(*KEY).agg(F.min("apply_cseq").alias("apply_cseq"))
+    w = (
+        Window.partitionBy("event_incarnation", "queue")
+        .orderBy("apply_cseq")
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    ordered = first.withColumn("before", F.max("event_cseq").over(w))
+    late = _key_join(ordered.where(F.col("event_cseq") < F.col("before")), kinds, "left")
+    late = shape(
+        late,
+        "out_of_order",
+        F.concat(
+            F.lit("applied at D cseq "),
+            F.col("apply_cseq").cast("string"),
+            F.lit(" after origin cseq "),
+            F.col("before").cast("string"),
+        ),
+    )
+
+    violations = (
+        missing.unionByName(leaks)
+        .unionByName(twice)
+        .unionByName(late)
+        .orderBy("origin_incarnation", "cseq", "queue", "violation")
+    )
+    per_queue = (
+        fwd.groupBy("queue")
+        .agg(F.count("*").alias("forwarded"))
+        .join(
+            ing.groupBy("queue").agg(F.count("*").alias("applied")),
+            "queue",
+            "full_outer",
+        )
+        .na.fill(0, ["forwarded", "applied"])
+        .orderBy("queue")
+    )
+    return {"violations": violations, "per_queue": per_queue}
+
+
+# --- lag ----------------------------------------------------------------------
+
+PERCENTILES = (0.5, 0.9, 0.99)
+
+
+def _lag_stats(frame: DataFrame, *group: Any) -> DataFrame:
+    q = F.percentile_approx("lag_ms", list(PERCENTILES), 10000)
+    return (
+        frame.groupBy(*group)
+        .agg(F.count("*").alias("events"), q.alias("q"), F.max("lag_ms").alias("max_ms"))
+        .select(
+            *group,
+            "events",
+            F.col("q")[0].alias("p50_ms"),
+            F.col("q")[1].alias("p90_ms"),
+            F.col("q")[2].alias("p99_ms"),
+            "max_ms",
+        )
+    )
+
+
+def lag(df: DataFrame, window_s: int = DEFAULT_WINDOW_S) -> dict[str, DataFrame]:
+    """Lag from P's forward time to D's first apply time, in milliseconds.
+
+    Returns ``overall`` (per window of ``window_s`` seconds of forward time),
+    ``per_queue`` (per window and queue) and ``summary`` (the whole capture,
+    overall and per queue: ``queue`` null is the overall row).
+    """
+    first = ingested(df).groupBy(*KEY).agg(F.min("apply_us").alias("apply_us"))
+    joined = _key_join(forwarded(df), first, "inner").select(
+        "queue",
+        _window_start(F.col("forward_us"), window_s),
+        ((F.col("apply_us") - F.col("forward_us")) / 1000.0).alias("lag_ms"),
+    )
+    overall = _lag_stats(joined, "window_start").orderBy("window_start")
+    per_queue = _lag_stats(joined, "window_start", "queue").orderBy("window_start", "queue")
+    summary = (
+        _lag_stats(joined.withColumn("queue", F.lit(None).cast("string")), "queue")
+        .unionByName(_lag_stats(joined, "queue"))
+        .orderBy(F.col("queue").asc_nulls_first())
+    )
+    return {"overall": overall, "per_queue": per_queue, "summary": summary}
+
+
+# --- traffic ------------------------------------------------------------------
+
+
+def traffic(df: DataFrame, window_s: int = DEFAULT_WINDOW_S) -> dict[str, DataFrame]:
+    """Events and bytes per queue, mode and rule over time, and link compression.
+
+    Queue tables count (event, queue) rows: a publish routed to two queues
+    counts once for each, with its full size.  Mode and rule tables count
+    events.  ``compression``: on the forwarded stream, ``raw_bytes`` (sum of
+    encoded event sizes) over ``wire_bytes`` (sum of the events' shares of the
+    compressed link batches), for records that carry a wire size.
+    """
+    rows = df.withColumn("window_start", _window_start(F.col("wall_time_us"), window_s))
+    events = rows.where(F.col("queue_index") == 0)
+
+    def counted(frame: DataFrame, *group: Any) -> DataFrame:
+        return (
+            frame.groupBy("window_start", "stream", *group)
+            .agg(F.count("*").alias("events"), F.sum("bytes").alias("bytes"))
+            .orderBy("window_start", "stream", *group)
+        )
+
+    by_rule = events.withColumn("rule", F.coalesce(F.col("rule"), F.lit("(default)")))
+    wired = events.where((F.col("stream") == "forwarded") & (F.col("wire_bytes") > 0))
+    compression = (
+        wired.groupBy("window_start")
+        .agg(F.sum("bytes").alias("raw_bytes"), F.sum("wire_bytes").alias("wire_bytes"))
+        .withColumn("ratio", F.col("raw_bytes") / F.col("wire_bytes"))
+        .orderBy("window_start")
+    )
+    totals = (
+        events.groupBy("stream")
+        .agg(
+            F.count("*").alias("events"),
+            F.sum("bytes").alias("bytes"),
+            F.sum(F.when(F.col("wire_bytes") > 0, F.col("bytes"))).alias("raw_bytes_wired"),
+            F.sum("wire_bytes").alias("wire_bytes"),
+        )
+        .withColumn("compression_ratio", F.col("raw_bytes_wired") / F.col("wire_bytes"))
+        .orderBy("stream")
+    )
+    return {
+        "totals": totals,
+        "by_queue": counted(rows, "queue"),
+        "by_mode": counted(events, "mode"),
+        "by_rule": counted(by_rule, "rule"),
+        "compression": compression,
+    }
+
+
+# --- running a job --------------------------------------------------------------
+
+
+def check_captures(captures: str | os.PathLike[str]) -> list[str]:
+    """The segment files under ``captures``; a clear error when there are none."""
+    found = list_segments(captures)
+    if not found:
+        raise CaptureSourceError(
+            f"no capture segments under {str(captures)!r}; is capture enabled in the "
+            "sidecar config (capture.directory) and is this that directory?"
+        )
+    return found
+
+
+def build_session(master: str = DEFAULT_MASTER, app: str = "drgate-analyze") -> SparkSession:
+    """A session for the jobs; the data source registered, timestamps in UTC."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC")
+    if master:
+        builder = builder.master(master)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def run_job(
+    spark: SparkSession,
+    job: str,
+    captures: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    window_s: int = DEFAULT_WINDOW_S,
+    step: Callable[[str], None] = lambda _: None,
+) -> int:
+    """Run ``job`` over the captures, write tables, plots and the report; the exit code.
+
+    ``step`` is told what is being done (for a progress display).
+    """
+    from analysis import report
+
+    if job not in JOBS:
+        raise CaptureSourceError(f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
+    check_captures(captures)
+    step("reading captures")
+    df = spark.read.format("drgate-capture").load(str(captures))
+    if job == "audit":
+        tables = audit(df)
+    elif job == "lag":
+        tables = lag(df, window_s)
+    else:
+        tables = traffic(df, window_s)
+    tables = {"segments": segments(df), **tables}
+    frames = {}
+    for name, table in tables.items():
+        step(f"computing {name}")
+        frames[name] = table.toPandas()
+    step("writing tables, plots and report")
+    target = Path(out) / job
+    report.write_job_outputs(job, frames, target, window_s=window_s)
+    if job == "audit" and len(frames["violations"]):
+        return 1
+    return 0
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    if parser is None:
+        parser = argparse.ArgumentParser(
+            prog="python -m analysis.jobs", description="Analyse drgate capture segments."
+        )
+    parser.add_argument("job", choices=JOBS, help="audit, lag or traffic")
+    parser.add_argument(
+        "--captures", required=True, help="directory of capture segments (searched recursively)"
+    )
+    parser.add_argument("--out", default="drgate-analysis", help="output directory")
+    parser.add_argument(
+        "--master",
+        default=DEFAULT_MASTER,
+        help="Spark master URL (default local[2]; empty: leave it to spark-submit)",
+    )
+    parser.add_argument(
+        "--window-s", type=int, default=DEFAULT_WINDOW_S, help="time window width in seconds"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        check_captures(args.captures)
+        spark = build_session(args.master)
+        try:
+            code = run_job(
+                spark,
+                args.job,
+                args.captures,
+                args.out,
+                window_s=args.window_s,
+                step=lambda what: print(f"{args.job}: {what}", file=sys.stderr),
+            )
+        finally:
+            spark.stop()
+    except CaptureSourceError as exc:
+        print(f"analysis: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.job}: report in {Path(args.out) / args.job / 'report.html'}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""analysis.jobs and analysis.report on captures of a simulated two-site run."""
+
+from __future__ import annotations
+
+import base64
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from analysis import jobs
+from protocol.cluster import Kind
+from tests.analysis import twosite
+from tests.analysis.twosite import INC_P, Applied
+
+pytestmark = pytest.mark.spark
+
+
+def violations(spark: Any, directory: Path) -> list[tuple[str, int, int, str | None]]:
+    df = spark.read.format("drgate-capture").load(str(directory))
+    rows = jobs.audit(df)["violations"].collect()
+    return [(r.violation, r.origin_incarnation, r.cseq, r.queue) for r in rows]
+
+
+def signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+P = signed(INC_P)
+
+
+@pytest.fixture(scope="module")
+def clean_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("clean")
+    twosite.write(twosite.plan(), directory)
+    return directory
+
+
+def test_clean_two_site_run_audits_clean(spark: Any, clean_dir: Path) -> None:
+    assert violations(spark, clean_dir) == []
+
+
+def _dropped(run: twosite.Run) -> tuple[str, int, str]:
+    victim = twosite.event(run, Kind.PUBLISH, "orders", 2)
+    run.applied = [a for a in run.applied if a.event is not victim]
+    return "missing_at_d", victim.cseq, "orders"
+
+
+def _duplicate(run: twosite.Run) -> tuple[str, int, str]:
+    victim = twosite.event(run, Kind.PUBLISH, "billing", 1)
+    run.applied.append(Applied(victim, lag_us=900_000))  # a replay applied again later
+    return "applied_twice", victim.cseq, "billing"
+
+
+def _reordered(run: twosite.Run) -> tuple[str, int, str]:
+    first = twosite.event(run, Kind.PUBLISH, "orders", 1)
+    second = twosite.event(run, Kind.PUBLISH, "orders", 2)
+    i = next(n for n, a in enumerate(run.applied) if a.event is first)
+    j = next(n for n, a in enumerate(run.applied) if a.event is second)
+    run.applied[i], run.applied[j] = run.applied[j], run.applied[i]
+    return "out_of_order", first.cseq, "orders"  # the earlier event arrived late
+
+
+def _leaked(run: twosite.Run) -> tuple[str, int, str]:
+    victim = twosite.event(run, Kind.PUBLISH, "scratch", 1)  # mode none: must be filtered
+    run.forwarded.append(victim)
+    run.forwarded.sort(key=lambda r: r.cseq)
+    run.applied.append(Applied(victim, lag_us=30_000))
+    return "filtered_leaked", victim.cseq, "scratch"
+
+
+def _leaked_message_in_wiring_mode(run: twosite.Run) -> tuple[str, int, str]:
+    victim = twosite.event(run, Kind.PUBLISH, "config", 0)  # wiring: no messages
+    run.forwarded.append(victim)
+    run.forwarded.sort(key=lambda r: r.cseq)
+    run.applied.append(Applied(victim, lag_us=30_000))
+    return "filtered_leaked", victim.cseq, "config"
+
+
+@pytest.mark.parametrize(
+    "inject",
+    [_dropped, _duplicate, _reordered, _leaked, _leaked_message_in_wiring_mode],
+    ids=["dropped", "duplicate", "reordered", "leaked-none", "leaked-wiring"],
+)
+def test_injected_fault_reported_with_exact_cseq_and_queue(
+    spark: Any, tmp_path: Path, inject: Any
+) -> None:
+    run = twosite.plan()
+    violation, cseq, queue = inject(run)
+    twosite.write(run, tmp_path)
+    assert violations(spark, tmp_path) == [(violation, P, cseq, queue)]
+
+
+def test_lag_job_measures_forward_to_apply(spark: Any, clean_dir: Path) -> None:
+    df = spark.read.format("drgate-capture").load(str(clean_dir))
+    tables = jobs.lag(df, window_s=10)
+    summary = tables["summary"].toPandas()
+    overall = summary[summary["queue"].isna()].iloc[0]
+    run = twosite.plan()
+    lags = sorted(a.lag_us / 1000 for a in run.applied for _ in a.event.queues)
+    assert overall["events"] == len(lags)
+    assert overall["max_ms"] == pytest.approx(max(lags))
+    assert min(lags) <= overall["p50_ms"] <= max(lags)
+    assert set(summary["queue"].dropna()) == {"orders", "billing", "config"}
+    windows = tables["overall"].toPandas()
+    assert windows["events"].sum() == len(lags)
+    assert len(windows) > 1  # the run spans several 10 s windows
+
+
+def test_traffic_job_counts_and_compression(spark: Any, clean_dir: Path) -> None:
+    df = spark.read.format("drgate-capture").load(str(clean_dir))
+    tables = jobs.traffic(df, window_s=10)
+    run = twosite.plan()
+    totals = tables["totals"].toPandas().set_index("stream")
+    assert totals.loc["tapped", "events"] == len(run.tapped)
+    assert totals.loc["forwarded", "events"] == len(run.forwarded)
+    raw = sum(r.size for r in run.forwarded)
+    wire = sum(r.wire_size for r in run.forwarded)
+    assert totals.loc["forwarded", "compression_ratio"] == pytest.approx(raw / wire)
+    by_mode = tables["by_mode"].toPandas()
+    tapped_none = by_mode[(by_mode["stream"] == "tapped") & (by_mode["mode"] == "none")]
+    assert tapped_none["events"].sum() == sum(1 for r in run.tapped if r.mode == 0)
+    by_queue = tables["by_queue"].toPandas()
+    fwd_orders = by_queue[(by_queue["stream"] == "forwarded") & (by_queue["queue"] == "orders")]
+    assert fwd_orders["events"].sum() == sum(1 for r in run.forwarded if "orders" in r.queues)
+
+
+# --- reports -----------------------------------------------------------------------
+
+
+class _Page(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: dict[str, bytes] = {}
+        self.rows: dict[str, int] = {}
+        self._table: str | None = None
+        self._in_body = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "img":
+            src = a.get("src") or ""
+            match = re.fullmatch(r"data:image/png;base64,(.+)", src)
+            assert match, f"plot {a.get('alt')} is not embedded"
+            self.images[a["alt"] or ""] = base64.b64decode(match.group(1))
+        elif tag == "table":
+            self._table = (a.get("id") or "").removeprefix("table-")
+            self.rows[self._table] = 0
+        elif tag == "tbody":
+            self._in_body = True
+        elif tag == "tr" and self._in_body and self._table is not None:
+            self.rows[self._table] += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "tbody":
+            self._in_body = False
+        elif tag == "table":
+            self._table = None
+
+
+def _page(path: Path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    return page
+
+
+EXPECTED_PLOTS = {
+    "audit": {"violations", "per_queue"},
+    "lag": {"lag_overall", "lag_per_queue"},
+    "traffic": {"events_per_queue", "bytes_per_mode", "events_per_rule", "compression"},
+}
+
+
+@pytest.mark.parametrize("job", ["lag", "traffic"])
+def test_report_embeds_every_plot_and_table(
+    spark: Any, clean_dir: Path, tmp_path: Path, job: str
+) -> None:
+    assert jobs.run_job(spark, job, clean_dir, tmp_path, window_s=10) == 0
+    target = tmp_path / job
+    page = _page(target / "report.html")
+    assert set(page.images) == EXPECTED_PLOTS[job]
+    for name, png in page.images.items():
+        assert png.startswith(b"\x89PNG\r\n\x1a\n"), name
+        assert (target / "plots" / f"{name}.png").read_bytes() == png
+    for name, rows in page.rows.items():
+        table = pd.read_parquet(target / "tables" / f"{name}.parquet")
+        assert rows == len(table), name
+        assert len(pd.read_csv(target / "tables" / f"{name}.csv")) == rows
+    assert page.rows["segments"] == 4  # tapped, two forwarded, ingested
+    if job == "lag":
+        assert page.rows["summary"] == 4  # overall + orders, billing, config
+    else:
+        assert page.rows["totals"] == 3  # tapped, forwarded, ingested
+
+
+def test_audit_report_lists_violations_and_exits_1(spark: Any, tmp_path: Path) -> None:
+    run = twosite.plan()
+    _, dropped, _ = _dropped(run)
+    _, twice, _ = _duplicate(run)
+    twosite.write(run, tmp_path / "captures")
+    assert jobs.run_job(spark, "audit", tmp_path / "captures", tmp_path / "out") == 1
+    report = tmp_path / "out" / "audit" / "report.html"
+    page = _page(report)
+    assert set(page.images) == EXPECTED_PLOTS["audit"]
+    assert page.rows["violations"] == 2
+    assert page.rows["per_queue"] == 3  # orders, billing, config (scratch is never forwarded)
+    table = pd.read_csv(tmp_path / "out" / "audit" / "tables" / "violations.csv")
+    assert sorted(zip(table["violation"], table["cseq"], strict=True)) == [
+        ("applied_twice", twice),
+        ("missing_at_d", dropped),
+    ]
+    assert "2 violation(s) found" in report.read_text(encoding="utf-8")
+
+
+def test_cut_segment_reported_as_cut(spark: Any, tmp_path: Path) -> None:
+    run = twosite.plan()
+    twosite.write(run, tmp_path / "captures", cut_last=True)
+    df = spark.read.format("drgate-capture").load(str(tmp_path / "captures"))
+    segs = {r.segment.rsplit("/", 1)[1]: r for r in jobs.segments(df).collect()}
+    cut = segs["d1-ingested-0000.cap"]
+    assert cut.complete is False
+    assert cut.records == len(run.applied) - 1  # every whole record, the torn one lost
+    assert all(r.complete for name, r in segs.items() if name != "d1-ingested-0000.cap")
+    # the audit sees the lost record as missing at D: the last applied event
+    last = max(run.applied, key=lambda a: a.event.cseq).event
+    assert {(v[0], v[2]) for v in violations(spark, tmp_path / "captures")} == {
+        ("missing_at_d", last.cseq)
+    }
+    assert jobs.run_job(spark, "audit", tmp_path / "captures", tmp_path / "out") == 1
+    html = (tmp_path / "out" / "audit" / "report.html").read_text(encoding="utf-8")
+    assert "Cut segments" in html and "d1-ingested-0000.cap" in html

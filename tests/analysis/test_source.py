@@ -1,0 +1,114 @@
+"""analysis.source: the drgate-capture data source."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis.source import SCHEMA, CaptureSourceError, arrow_schema, list_segments, segment_batches
+from protocol.capture import (
+    NO_RULE,
+    CaptureRecord,
+    CaptureRole,
+    CaptureWriter,
+    SegmentHeader,
+    Stream,
+)
+from protocol.errors import RemoteProtocolError
+from protocol.modes import Mode
+
+HEADER = SegmentHeader("dr", 3, CaptureRole.INGRESS, Stream.INGESTED, 0, 2**64 - 1, payloads=True)
+RECORDS = [
+    CaptureRecord(
+        1_000_000, 10, 7, Mode.FULL, ("a", "b"), 100, 0, 5, 2**63 + 1, 4, "r4", False, b"xy"
+    ),
+    CaptureRecord(2_000_000, 11, 3, Mode.WIRING, (), 50, 0, 6, 2**63 + 1, NO_RULE, "", True),
+    CaptureRecord(3_000_000, 12, 200, Mode.NONE, ("c",), 70),
+]
+
+
+def write(
+    path: Path, header: SegmentHeader = HEADER, records: list[CaptureRecord] = RECORDS
+) -> None:
+    out = io.BytesIO()
+    writer = CaptureWriter(out, header)
+    for r in records:
+        writer.append(r)
+    writer.close(9_000_000)
+    path.write_bytes(out.getvalue())
+
+
+def test_batches_one_row_per_queue(tmp_path: Path) -> None:
+    write(tmp_path / "s.cap")
+    (batch,) = segment_batches(str(tmp_path / "s.cap"), arrow_schema(), payloads=True)
+    rows = batch.to_pylist()
+    assert [(r["cseq"], r["queue"], r["queue_index"], r["queue_count"]) for r in rows] == [
+        (10, "a", 0, 2),
+        (10, "b", 1, 2),
+        (11, None, 0, 0),
+        (12, "c", 0, 1),
+    ]
+    first = rows[0]
+    assert first["site"] == "dr" and first["node"] == 3
+    assert first["role"] == "ingress" and first["stream"] == "ingested"
+    assert first["complete"] is True
+    assert first["incarnation"] == -1  # u64 all ones, read as signed 64-bit
+    assert first["origin_incarnation"] == -(2**63) + 1
+    assert first["origin_cseq"] == 5
+    assert first["kind_name"] == "publish" and first["mode"] == "full"
+    assert first["rule_id"] == 4 and first["rule"] == "r4"
+    assert first["payload"] == b"xy" and rows[1]["payload"] == b"xy"
+    assert first["wall_time_us"] == 1_000_000
+    assert rows[2]["rule_id"] is None and rows[2]["rule"] is None and rows[2]["resync"] is True
+    assert rows[3]["kind_name"] == "kind-200" and rows[3]["payload"] is None
+
+
+def test_listing_skips_other_files_and_refuses_missing_path(tmp_path: Path) -> None:
+    write(tmp_path / "a.cap")
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "sub" / "b.seg")
+    (tmp_path / "notes.txt").write_text("not a segment")
+    (tmp_path / "empty.cap").write_bytes(b"")  # a segment cut at birth
+    found = [Path(p).name for p in list_segments(tmp_path)]
+    assert found == ["a.cap", "empty.cap", "b.seg"]
+    assert [Path(p).name for p in list_segments(tmp_path, "*.cap")] == ["a.cap", "empty.cap"]
+    with pytest.raises(CaptureSourceError, match="does not exist"):
+        list_segments(tmp_path / "nope")
+
+
+def test_corrupt_segment_fails_with_protocol_error(tmp_path: Path) -> None:
+    write(tmp_path / "s.cap")
+    data = bytearray((tmp_path / "s.cap").read_bytes())
+    data[60] ^= 0x10
+    (tmp_path / "s.cap").write_bytes(bytes(data))
+    with pytest.raises(RemoteProtocolError):
+        list(segment_batches(str(tmp_path / "s.cap")))
+
+
+@pytest.mark.spark
+def test_spark_reads_segments_one_partition_each(spark: Any, tmp_path: Path) -> None:
+    write(tmp_path / "one.cap")
+    write(tmp_path / "two.cap", records=RECORDS[:1])
+    out = io.BytesIO()
+    writer = CaptureWriter(out, HEADER)
+    for r in RECORDS:
+        writer.append(r)
+    writer.flush()
+    (tmp_path / "three.cap").write_bytes(out.getvalue()[:-3])  # cut inside the last record
+    df = spark.read.format("drgate-capture").option("payloads", "true").load(str(tmp_path))
+    assert df.schema == SCHEMA
+    assert df.rdd.getNumPartitions() == 3
+    rows = df.select("segment", "complete", "cseq", "queue").collect()
+    per_segment: dict[str, list[tuple[int, str | None]]] = {}
+    complete = {}
+    for r in rows:
+        name = Path(r.segment).name
+        per_segment.setdefault(name, []).append((r.cseq, r.queue))
+        complete[name] = r.complete
+    assert sorted(per_segment["one.cap"]) == [(10, "a"), (10, "b"), (11, None), (12, "c")]
+    assert per_segment["two.cap"] == [(10, "a"), (10, "b")]
+    assert sorted(per_segment["three.cap"], key=str) == [(10, "a"), (10, "b"), (11, None)]
+    assert complete == {"one.cap": True, "two.cap": True, "three.cap": False}
