@@ -25,6 +25,11 @@ def violations(spark: Any, directory: Path) -> list[tuple[str, int, int, str | N
     return [(r.violation, r.origin_incarnation, r.cseq, r.queue) for r in rows]
 
 
+def pandas(frame: Any) -> pd.DataFrame:
+    result: pd.DataFrame = frame.toPandas()
+    return result
+
+
 def signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
@@ -97,7 +102,7 @@ def test_injected_fault_reported_with_exact_cseq_and_queue(
 def test_lag_job_measures_forward_to_apply(spark: Any, clean_dir: Path) -> None:
     df = spark.read.format("drgate-capture").load(str(clean_dir))
     tables = jobs.lag(df, window_s=10)
-    summary = tables["summary"].toPandas()
+    summary = pandas(tables["summary"])
     overall = summary[summary["queue"].isna()].iloc[0]
     run = twosite.plan()
     lags = sorted(a.lag_us / 1000 for a in run.applied for _ in a.event.queues)
@@ -105,7 +110,7 @@ def test_lag_job_measures_forward_to_apply(spark: Any, clean_dir: Path) -> None:
     assert overall["max_ms"] == pytest.approx(max(lags))
     assert min(lags) <= overall["p50_ms"] <= max(lags)
     assert set(summary["queue"].dropna()) == {"orders", "billing", "config"}
-    windows = tables["overall"].toPandas()
+    windows = pandas(tables["overall"])
     assert windows["events"].sum() == len(lags)
     assert len(windows) > 1  # the run spans several 10 s windows
 
@@ -114,16 +119,16 @@ def test_traffic_job_counts_and_compression(spark: Any, clean_dir: Path) -> None
     df = spark.read.format("drgate-capture").load(str(clean_dir))
     tables = jobs.traffic(df, window_s=10)
     run = twosite.plan()
-    totals = tables["totals"].toPandas().set_index("stream")
+    totals = pandas(tables["totals"]).set_index("stream")
     assert totals.loc["tapped", "events"] == len(run.tapped)
     assert totals.loc["forwarded", "events"] == len(run.forwarded)
     raw = sum(r.size for r in run.forwarded)
     wire = sum(r.wire_size for r in run.forwarded)
     assert totals.loc["forwarded", "compression_ratio"] == pytest.approx(raw / wire)
-    by_mode = tables["by_mode"].toPandas()
+    by_mode = pandas(tables["by_mode"])
     tapped_none = by_mode[(by_mode["stream"] == "tapped") & (by_mode["mode"] == "none")]
     assert tapped_none["events"].sum() == sum(1 for r in run.tapped if r.mode == 0)
-    by_queue = tables["by_queue"].toPandas()
+    by_queue = pandas(tables["by_queue"])
     fwd_orders = by_queue[(by_queue["stream"] == "forwarded") & (by_queue["queue"] == "orders")]
     assert fwd_orders["events"].sum() == sum(1 for r in run.forwarded if "orders" in r.queues)
 

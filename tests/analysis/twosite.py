@@ -65,12 +65,12 @@ def plan(events: int = 60) -> Run:
     """A clean run: every queue declared, then publishes and accepts round robin."""
     run = Run()
     names = list(QUEUES)
-    script: list[tuple[int, tuple[str, ...]]] = [(Kind.QUEUE_DECLARE, (q,)) for q in names]
+    script: list[tuple[int, tuple[str, ...]]] = [(int(Kind.QUEUE_DECLARE), (q,)) for q in names]
     for i in range(events - len(script) - 1):
         queue = names[i % len(names)]
-        kind = Kind.ACCEPT if i % 5 == 4 else Kind.PUBLISH
+        kind = int(Kind.ACCEPT if i % 5 == 4 else Kind.PUBLISH)
         script.append((kind, (queue,)))
-    script.append((Kind.PUBLISH, ("orders", "billing")))  # one publish routed to two queues
+    script.append((int(Kind.PUBLISH), ("orders", "billing")))  # one publish routed to two queues
     for n, (kind, queues) in enumerate(script, start=1):
         mode, rule_id, rule_name = QUEUES[queues[0]]
         record = CaptureRecord(
