@@ -787,3 +787,30 @@ def test_cut_at_every_point_of_a_stream_then_resume() -> None:
         resumed.pump(0.0)
         assert first.applied + resumed.applied == stream
     assert unclean > len(wire) // 11 // 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.booleans(), st.lists(st.binary(max_size=40), max_size=5))
+def test_random_bytes_into_either_machine_raise_only_remote_errors(
+    handshaken: bool, chunks: list[bytes]
+) -> None:
+    if handshaken:
+        pair = LinkPair()
+        sender, receiver = pair.sender, pair.receiver
+    else:
+        sender = LinkSender(sender_config())
+        receiver = LinkReceiver(ReceiverConfig("D"), now=0.0)
+        receiver.receive_data(sender.start(0.0))
+        assert isinstance(receiver.next_event(), Hello)
+        receiver = LinkReceiver(ReceiverConfig("D"), now=0.0)  # one still awaiting HELLO
+    for machine in (sender, receiver):
+        try:
+            for chunk in chunks:
+                machine.receive_data(chunk)
+                while machine.next_event() is not NEED_DATA:
+                    pass
+            machine.data_to_send(1.0)
+            machine.tick(1.0)
+        except RemoteProtocolError:
+            with pytest.raises(RemoteProtocolError):
+                machine.next_event()
