@@ -100,11 +100,14 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
 
 class Consumer(MessagingHandler):  # type: ignore[misc]
     def __init__(
-        self, url: str, address: str, count: int, idle_s: float, credit: int, release_every: int
+        self, url: str, address: str, count: int, idle_s: float, credit: int, hold: bool
     ) -> None:
-        super().__init__(prefetch=credit, auto_accept=False)
+        # A holder grants its credit once and never tops it up, so it holds
+        # exactly ``credit`` messages; a normal consumer keeps a prefetch window.
+        super().__init__(prefetch=0 if hold else credit, auto_accept=False)
         self.url, self.address, self.count, self.idle_s = url, address, count, idle_s
-        self.release_every = release_every
+        self.hold = hold
+        self.credit = credit
         self.ids: list[str] = []
         self.redelivered = 0
         self.error = ""
@@ -113,7 +116,9 @@ class Consumer(MessagingHandler):  # type: ignore[misc]
 
     def on_start(self, event: Any) -> None:
         self.conn = event.container.connect(self.url)
-        event.container.create_receiver(self.conn, self.address)
+        receiver = event.container.create_receiver(self.conn, self.address)
+        if self.hold:
+            receiver.flow(self.credit)
         self._arm(event.container)
 
     def _arm(self, container: Any) -> None:
@@ -130,7 +135,8 @@ class Consumer(MessagingHandler):  # type: ignore[misc]
         if event.message.delivery_count:
             self.redelivered += 1
         self.ids.append(str(event.message.id))
-        self.accept(event.delivery)
+        if not self.hold:
+            self.accept(event.delivery)
         self._arm(event.container)
         if self.count and len(self.ids) >= self.count:
             self.timer.cancel()
@@ -202,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "--idle", type=float, default=3.0, help="stop after this long without a message"
     )
     con.add_argument("--credit", type=int, default=100)
-    con.add_argument("--release-every", type=int, default=0)
+    con.add_argument("--hold", action="store_true", help="never settle: keep what arrives acquired")
     des = sub.add_parser("describe")
     des.add_argument("url")
     args = parser.parse_args(argv)
@@ -220,9 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             headers,
         )
     elif args.op == "consume":
-        handler = Consumer(
-            args.url, args.address, args.count, args.idle, args.credit, args.release_every
-        )
+        handler = Consumer(args.url, args.address, args.count, args.idle, args.credit, args.hold)
     else:
         handler = Describer(args.url)
     Container(handler).run()

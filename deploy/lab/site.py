@@ -87,6 +87,7 @@ def _pump(proc: Proc) -> None:
             log.write(line)
             log.flush()
             proc.lines.put(line)
+    proc.popen.stdout.close()
 
 
 def drgate_argv(*args: str) -> list[str]:
