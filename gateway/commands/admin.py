@@ -131,7 +131,10 @@ def describe(url: str) -> dict[str, Any]:
         receiver = conn.create_receiver("$drgate.queues")
         message = receiver.receive(timeout=TIMEOUT_S)
         receiver.accept()
-        result: dict[str, Any] = json.loads(message.body)
+        body = message.body
+        if not isinstance(body, str | bytes):
+            raise AdminError(f"{url} answered the listing with a non-JSON body")
+        result: dict[str, Any] = json.loads(body)
         return result
     finally:
         conn.close()

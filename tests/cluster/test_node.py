@@ -23,11 +23,11 @@ DEADLINE_S = 120.0
 @pytest.fixture(params=BACKENDS)
 def site(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[BrokerSite]:
     if request.param == "corosync":
-        with corosync_lab("nodetest", subnet="10.213.8", prefix="dgN", nodes=4) as lab:
-            with BrokerSite(
-                "site-p", nodes=3, backend="corosync", corosync=lab, workdir=tmp_path
-            ) as s:
-                yield s
+        with (
+            corosync_lab("nodetest", subnet="10.213.8", prefix="dgN", nodes=4) as lab,
+            BrokerSite("site-p", nodes=3, backend="corosync", corosync=lab, workdir=tmp_path) as s,
+        ):
+            yield s
     else:
         with BrokerSite("site-p", nodes=3, workdir=tmp_path) as s:
             yield s
