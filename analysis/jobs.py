@@ -342,7 +342,11 @@ def check_captures(captures: str | os.PathLike[str]) -> list[str]:
 def build_session(master: str = DEFAULT_MASTER, app: str = "drgate-analyze") -> SparkSession:
     """A session for the jobs; the data source registered, timestamps in UTC."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC")
+    builder = (
+        SparkSession.builder.appName(app)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")  # rich draws the progress
+    )
     if master:
         builder = builder.master(master)
     spark = builder.getOrCreate()
