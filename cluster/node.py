@@ -128,21 +128,21 @@ class _Transfer:
     chunks: list[bytes] = field(default_factory=list)
 
 
-class BrokerNode:
-    """One broker.  ``await nursery.start(node.serve)`` reports the AMQP port."""
+class SiteMember:
+    """A member of a site's bus holding the whole site state: the stream
+    machinery that brokers and sidecars share (multicaster, applier, joining,
+    donating).  Subclasses act on what is applied through the hooks
+    :meth:`_after_command`, :meth:`_after_frame` and :meth:`_after_view`."""
 
-    def __init__(self, config: BrokerConfig) -> None:
-        self.config = config
+    role = Role.BROKER
+
+    def __init__(self, cluster: str, bus: BusConfig) -> None:
+        self.cluster = cluster
+        self.bus_config = bus
         self.state = st.new_state()
         self.me: MemberId | None = None
         self.membership: Membership | None = None
         self._send, self._receive = trio.open_memory_channel[pc.Command | _Barrier](COMMAND_QUEUE)
-        self._refs = itertools.count(1)
-        self._pending: dict[int, InboundDelivery] = {}
-        self._sessions: dict[int, int] = {}  # connection id -> session
-        self._consumers: dict[OutgoingLink, _Consumer] = {}
-        self._by_consumer_id: dict[int, _Consumer] = {}
-        self._consumer_ids = itertools.count(1)
         self._buffer: list[Delivery | ViewChange] | None = []
         self._transfer: _Transfer | None = None
         self._transfers_sent = itertools.count(1)
@@ -154,7 +154,6 @@ class BrokerNode:
         self._frames_sent = 0  # own frames multicast
         self._frames_applied = 0  # own frames come back and applied
         self._barrier_events: dict[int, list[trio.Event]] = {}
-        self._waiting_queues: set[str] = set()
         self._pending_restore: bytes | None = None
         self._member: Any = None
         self.ready = trio.Event()
@@ -163,31 +162,19 @@ class BrokerNode:
     # Service
     # ------------------------------------------------------------------
 
-    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        async with open_bus(self.config.bus, role=Role.BROKER) as member:
+    async def serve_member(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Join the bus and follow the stream; ready (started) once this
+        member holds the site state."""
+        async with open_bus(self.bus_config, role=self.role) as member:
             self.me = member.me
             self.membership = Membership(member.me)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._multicaster, member)
                 nursery.start_soon(self._applier, member)
                 await self.ready.wait()
-                port = await nursery.start(
-                    functools.partial(
-                        serve_amqp,
-                        self,
-                        self.config.amqp_host,
-                        self.config.amqp_port,
-                        ssl_context=server_ssl_context(self.config),
-                    )
-                )
-                log.info(
-                    "broker ready cluster=%s node=%s member=%s amqp=%s",
-                    self.config.cluster,
-                    self.config.node,
-                    self.me,
-                    port,
-                )
-                task_status.started(port)
+                task_status.started()
 
     async def submit(self, *commands: pc.Command) -> None:
         """Queue commands for multicast; waits while the bus is backpressured."""
@@ -281,7 +268,7 @@ class BrokerNode:
     def _apply_view(self, view: ViewChange) -> None:
         if view.left:
             effects = st.members_left(self.state, view.left)
-            self._on_effects(effects)
+            self._after_view(view, effects)
 
     async def _start_genesis(self, action: StartGenesis) -> None:
         # The whole site starts here with the empty state: apply what we
@@ -294,12 +281,12 @@ class BrokerNode:
             else:
                 await self._on_delivery(event)
         if action.announce:
-            self._post(pc.Genesis(self.config.cluster, random.getrandbits(64)))
+            self._post(pc.Genesis(self.cluster, random.getrandbits(64)))
         self._announce_ready()
 
     def _announce_ready(self) -> None:
         assert self.me is not None
-        self._post(pc.MemberReady(Role.BROKER, self.me.node, self.me.pid))
+        self._post(pc.MemberReady(self.role, self.me.node, self.me.pid))
         self.ready.set()
 
     def _send_snapshot(self, action: SendSnapshot) -> None:
@@ -390,16 +377,77 @@ class BrokerNode:
             if isinstance(cmd, pc.MemberReady):
                 self.membership.on_member_ready(event.sender)
             effects = st.apply(self.state, cmd, sender=event.sender)
-            if own and isinstance(cmd, pc.Acquire):
-                consumer = self._by_consumer_id.get(cmd.consumer)
-                if consumer is not None:
-                    consumer.acquiring = max(0, consumer.acquiring - cmd.count)
-            self._on_effects(effects)
+            self._after_command(cmd, effects, event.sender, own)
         if own:
             self._frames_applied += 1
             for waiter in self._barrier_events.pop(self._frames_applied, ()):
                 waiter.set()
+        self._after_frame()
+
+    # Hooks for subclasses (called by the applier, in stream order; they must
+    # not wait: use _post to multicast).
+
+    def _after_command(
+        self, cmd: pc.Command, effects: Sequence[Any], sender: MemberId, own: bool
+    ) -> None:
+        """``cmd`` was applied (its cseq is ``self.state.cseq``)."""
+
+    def _after_frame(self) -> None:
+        """Every command of a delivered frame was applied."""
+
+    def _after_view(self, view: ViewChange, effects: Sequence[Any]) -> None:
+        """A view change was applied (members that left released their work)."""
+
+
+class BrokerNode(SiteMember):
+    """One broker.  ``await nursery.start(node.serve)`` reports the AMQP port."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        super().__init__(config.cluster, config.bus)
+        self.config = config
+        self._refs = itertools.count(1)
+        self._pending: dict[int, InboundDelivery] = {}
+        self._sessions: dict[int, int] = {}  # connection id -> session
+        self._consumers: dict[OutgoingLink, _Consumer] = {}
+        self._by_consumer_id: dict[int, _Consumer] = {}
+        self._consumer_ids = itertools.count(1)
+        self._waiting_queues: set[str] = set()
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.serve_member)
+            port = await nursery.start(
+                functools.partial(
+                    serve_amqp,
+                    self,
+                    self.config.amqp_host,
+                    self.config.amqp_port,
+                    ssl_context=server_ssl_context(self.config),
+                )
+            )
+            log.info(
+                "broker ready cluster=%s node=%s member=%s amqp=%s",
+                self.config.cluster,
+                self.config.node,
+                self.me,
+                port,
+            )
+            task_status.started(port)
+
+    def _after_command(
+        self, cmd: pc.Command, effects: Sequence[Any], sender: MemberId, own: bool
+    ) -> None:
+        if own and isinstance(cmd, pc.Acquire):
+            consumer = self._by_consumer_id.get(cmd.consumer)
+            if consumer is not None:
+                consumer.acquiring = max(0, consumer.acquiring - cmd.count)
+        self._on_effects(effects)
+
+    def _after_frame(self) -> None:
         self._acquire_for_waiting()
+
+    def _after_view(self, view: ViewChange, effects: Sequence[Any]) -> None:
+        self._on_effects(effects)
 
     # ------------------------------------------------------------------
     # Effects
