@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from analysis.source import CaptureSourceError, list_segments, register
 JOBS = ("audit", "lag", "traffic")
 DEFAULT_WINDOW_S = 10  # ten seconds: fine enough to see a stall, coarse enough to be stable
 DEFAULT_MASTER = "local[2]"
+PROGRESS_PREFIX = "drgate-progress: "  # stderr lines a launcher (drgate analyze) shows as progress
 
 # What each mode replicates (ARCHITECTURE section 1), judged on message kinds
 # only: a message kind forwarded for a mode that does not carry it leaked
@@ -427,13 +429,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.captures,
                 args.out,
                 window_s=args.window_s,
-                step=lambda what: print(f"{args.job}: {what}", file=sys.stderr),
+                step=lambda what: print(f"{PROGRESS_PREFIX}{what}", file=sys.stderr, flush=True),
             )
         finally:
             spark.stop()
     except CaptureSourceError as exc:
         print(f"analysis: {exc}", file=sys.stderr)
         return 2
+    except Exception:  # a crash must not read as "violations found" (exit 1)
+        traceback.print_exc()
+        return 3
     print(f"{args.job}: report in {Path(args.out) / args.job / 'report.html'}")
     return code
 

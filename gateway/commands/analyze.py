@@ -1,26 +1,35 @@
 """``drgate analyze JOB --captures DIR``: run an analysis job over capture segments.
 
-The Spark work lives in :mod:`analysis.jobs`; this module only parses the
-command line, checks the capture directory before starting Spark (a session
-takes seconds to start), and shows progress.  PySpark is imported only when
-the command runs, so the rest of the CLI does not pay for it.
+The Spark work lives in :mod:`analysis.jobs`.  This command is a launcher: it
+checks the capture directory before anything starts (a Spark session takes
+seconds), runs ``python -m analysis.jobs`` as a child process -- the same
+entry point ``spark-submit`` uses -- and shows the job's progress lines with
+rich.  So the sidecar package never imports PySpark, and ``gateway/`` keeps
+to its arrows (it does not import ``analysis/``).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+from protocol.capture import MAGIC
 from protocol.errors import DrgateError
 
 NAME = "analyze"
 HELP = "analyse capture segments with Spark: audit, lag or traffic (writes an HTML report)"
 
 JOBS = ("audit", "lag", "traffic")
+PROGRESS_PREFIX = "drgate-progress: "  # analysis.jobs.PROGRESS_PREFIX
+ERROR_TAIL_LINES = 30  # lines of the job's stderr shown when it fails
 
 
 class AnalyzeError(DrgateError):
-    """The analysis cannot start: a missing capture directory, no segments..."""
+    """The analysis cannot start or failed: a missing capture directory, no segments..."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -36,24 +45,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="directory of capture segments (searched recursively)",
     )
+    parser.add_argument("--out", default="drgate-analysis", metavar="DIR", help="output directory")
     parser.add_argument(
-        "--out",
-        default="drgate-analysis",
-        metavar="DIR",
-        help="output directory",
+        "--master", default="local[2]", metavar="URL", help="Spark master URL (default local[2])"
     )
-    parser.add_argument(
-        "--master",
-        default="local[2]",
-        metavar="URL",
-        help="Spark master URL (default %(default)s)",
-    )
-    parser.add_argument(
-        "--window-s",
-        type=int,
-        default=10,
-        help="window width in seconds",
-    )
+    parser.add_argument("--window-s", type=int, default=10, help="window width in seconds")
+
+
+def count_segments(captures: Path) -> int:
+    """Files under ``captures`` that start like a capture segment."""
+    found = 0
+    for dirpath, dirnames, filenames in os.walk(captures):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if name.startswith("."):
+                continue
+            try:
+                with open(os.path.join(dirpath, name), "rb") as fh:
+                    start = fh.read(len(MAGIC))
+            except OSError:
+                continue
+            if MAGIC.startswith(start) if len(start) < len(MAGIC) else start == MAGIC:
+                found += 1
+    return found
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,19 +79,33 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.window_s <= 0:
         raise AnalyzeError(f"--window-s must be a positive number of seconds, not {args.window_s}")
+    segments = count_segments(captures)
+    if not segments:
+        raise AnalyzeError(
+            f"no capture segments under {str(captures)!r}; is capture enabled in the "
+            "sidecar config (capture.directory) and is this that directory?"
+        )
 
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from analysis import jobs
-    from analysis.source import CaptureSourceError
-
     console = Console(stderr=True)
-    try:
-        found = jobs.check_captures(captures)
-    except CaptureSourceError as exc:
-        raise AnalyzeError(str(exc)) from None
-    console.print(f"{args.job}: {len(found)} capture segment(s) under {captures}")
+    console.print(f"{args.job}: {segments} capture segment(s) under {captures}")
+    command = [
+        sys.executable,
+        "-m",
+        "analysis.jobs",
+        args.job,
+        "--captures",
+        str(captures),
+        "--out",
+        str(args.out),
+        "--master",
+        args.master,
+        "--window-s",
+        str(args.window_s),
+    ]
+    tail: collections.deque[str] = collections.deque(maxlen=ERROR_TAIL_LINES)
     with Progress(
         SpinnerColumn(),
         TextColumn("[progress.description]{task.description}"),
@@ -86,23 +114,29 @@ def run(args: argparse.Namespace) -> int:
         transient=True,
     ) as progress:
         task = progress.add_task("starting Spark", total=None)
-
-        def step(what: str) -> None:
-            progress.update(task, description=what)
-
-        spark = jobs.build_session(args.master)
-        try:
-            code = jobs.run_job(
-                spark, args.job, captures, args.out, window_s=args.window_s, step=step
-            )
-        except CaptureSourceError as exc:
-            raise AnalyzeError(str(exc)) from None
-        finally:
-            spark.stop()
+        with subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)},
+        ) as child:
+            assert child.stdout is not None
+            for raw in child.stdout:
+                line = raw.rstrip("\n")
+                if line.startswith(PROGRESS_PREFIX):
+                    progress.update(task, description=line[len(PROGRESS_PREFIX) :])
+                elif line:
+                    tail.append(line)
+            code = child.wait()
     report = Path(args.out) / args.job / "report.html"
+    # analysis.jobs exits 0 (done), 1 (audit found violations), 2 (bad input), 3 (crash)
+    if code not in (0, 1) or not report.exists():
+        raise AnalyzeError(
+            f"the {args.job} job failed (exit {code}); its last output:\n" + "\n".join(tail)
+        )
     if args.job == "audit":
-        verdict = "violations found" if code else "clean"
-        console.print(f"audit: {verdict}; report: {report}")
+        console.print(f"audit: {'violations found' if code else 'clean'}; report: {report}")
     else:
         console.print(f"{args.job}: report: {report}")
     return code
