@@ -16,7 +16,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from protocol.capture import CaptureRecord, CaptureRole, CaptureWriter, SegmentHeader, Stream
 from protocol.modes import Mode
@@ -52,7 +54,7 @@ def write_captures(directory: Path, records: int, segments: int) -> float:
     return time.perf_counter() - started
 
 
-def timed_read(spark, reader, runs: int = 2) -> float:  # type: ignore[no-untyped-def]
+def timed_read(spark: Any, reader: Callable[[], Any], runs: int = 2) -> float:
     best = float("inf")
     for _ in range(runs):
         started = time.perf_counter()
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         spark.sparkContext.setLogLevel("ERROR")
         spark.dataSource.register(CaptureDataSource)
 
-        def capture_df():  # type: ignore[no-untyped-def]
+        def capture_df() -> Any:
             return spark.read.format("drgate-capture").load(str(captures))
 
         rows = capture_df().count()
