@@ -13,7 +13,7 @@ This is the only module that imports prometheus-client (STYLE.md).
 Snapshot schema (every key optional; a missing key means an absent metric)::
 
     {
-      "site": "site-p", "node": 1, "process": "sidecar" | "broker",
+      "site": "site-p", "node": 1, "process": "sidecar" | "broker", "cseq": n,
       "role": "egress" | "standby" | "ingress" | "ingress-standby" | "minority" | "starting",
       "bus": {"view_size": 3, "quorate": True, "members": 6},
       "tap": {"commands_total": {"PUBLISH": 10},                # by command kind
@@ -30,7 +30,8 @@ Snapshot schema (every key optional; a missing key means an absent metric)::
                 "needs_resync": False, "first_seq": n, "last_seq": n},
       "merge": {"r1_duplicates": n, "r3_refused": n, "r4_dequeues_ignored": n,
                 "r5_conflicts": n, "r6_conflicts": n, "r7_fenced": n,
-                "incarnation_refused": n, "replicated_applied": n},
+                "incarnation_refused": n, "replicated_applied": n,
+                ...any other cluster.state counter: n},
       "resync": {"active": False, "total": n, "progress_ratio": 0.0, "bytes_total": n},
       "rules": {"version": n, "failed_reloads_total": n, "digest": "..."},
       "state_transfer": {"count_total": n, "seconds_total": f},
@@ -87,6 +88,22 @@ RATE_COUNTERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("events_received_per_second", ("link", "events_received_total")),
     ("bytes_sent_wire_per_second", ("link", "bytes_sent_wire_total")),
     ("bytes_received_wire_per_second", ("link", "bytes_received_wire_total")),
+)
+
+
+# Merge counters exported under their own names; every other key of "merge"
+# becomes drgate_state_outcomes_total{outcome=key}.
+_NAMED_MERGE_COUNTERS = frozenset(
+    {
+        "r1_duplicates",
+        "r3_refused",
+        "r4_dequeues_ignored",
+        "r5_conflicts",
+        "r6_conflicts",
+        "r7_fenced",
+        "incarnation_refused",
+        "replicated_applied",
+    }
 )
 
 
@@ -184,6 +201,11 @@ def families_from_snapshot(snapshot: Snapshot) -> list[Metric]:
         out, "drgate_role", "1 for this node's current role", "role", snapshot.get("role"), ROLES
     )
 
+    out.gauge(
+        "drgate_bus_cseq",
+        "Commands applied from the site bus (the state's cseq)",
+        snapshot.get("cseq"),
+    )
     bus = _section(snapshot, "bus")
     out.gauge("drgate_bus_view_size", "Members in the current site bus view", bus.get("view_size"))
     out.gauge("drgate_bus_quorate", "1 when the bus view is quorate", bus.get("quorate"))
@@ -338,6 +360,16 @@ def families_from_snapshot(snapshot: Snapshot) -> list[Metric]:
         "Replicated commands applied at D",
         merge.get("replicated_applied"),
     )
+
+    for key, count in merge.items():
+        # The state machine's other counters (cluster.state COUNTERS, a fixed set).
+        if key not in _NAMED_MERGE_COUNTERS:
+            out.counter(
+                "drgate_state_outcomes_total",
+                "Other outcomes counted by the site state machine, by counter name",
+                count,
+                outcome=str(key),
+            )
 
     resync = _section(snapshot, "resync")
     out.gauge("drgate_resync_active", "1 while a resync is running", resync.get("active"))
