@@ -1,0 +1,289 @@
+"""Site bus throughput: both backends and a bare libcpg loop, 3 members each.
+
+    sudo .venv/bin/python bench/bus_bench.py            # needs root for the corosync site
+
+For each payload size, one member multicasts COUNT messages as fast as the
+bus lets it, and all three members (the sender included) receive them; the
+rate is COUNT divided by the time until the slowest member has them all.
+"bare" is the ceiling for Python: a plain loop over cffi calls to libcpg
+(cpg_mcast_joined + cpg_dispatch, no trio, no framing, no reassembly), run
+in the same corosync site in the same run.  The corosync backend's target is
+70 % of bare for 8 KB payloads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SIZES = {200: 20000, 8192: 3000, 65536: 400}
+MEMBERS = 3
+
+
+# -- member processes -----------------------------------------------------------------
+
+
+def member_main(args: argparse.Namespace) -> int:
+    if args.backend == "bare":
+        return bare_member(args)
+    import trio
+
+    return int(trio.run(framework_member, args))
+
+
+async def framework_member(args: argparse.Namespace) -> int:
+    import trio
+
+    from cluster.bus import BusConfig, Delivery, ViewChange, open_bus
+    from protocol.modes import Role
+
+    config = BusConfig(args.backend, args.group, args.node, args.address)
+    payload = b"x" * args.size
+    async with open_bus(config, role=Role.ADMIN) as member:
+        got = 0
+        done = trio.Event()
+        ready = trio.Event()
+
+        async def consume() -> None:
+            nonlocal got
+            async for event in member.events():
+                if isinstance(event, ViewChange) and len(event.members) == MEMBERS:
+                    ready.set()
+                elif isinstance(event, Delivery):
+                    got += 1
+                    if got == args.count:
+                        done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consume)
+            await ready.wait()
+            print("ready", flush=True)
+            stdin = trio.lowlevel.FdStream(0)
+            await stdin.receive_some(16)  # "go"
+            start = time.perf_counter()
+            if args.sender:
+                for _ in range(args.count):
+                    await member.multicast(payload)
+            await done.wait()
+            print(f"done {time.perf_counter() - start:.6f}", flush=True)
+            await stdin.receive_some(16)  # "exit": stay a member until all are done
+            nursery.cancel_scope.cancel()
+    return 0
+
+
+def bare_member(args: argparse.Namespace) -> int:
+    from cluster.bus.corosync import (
+        CPG_TYPE_AGREED,
+        CS_DISPATCH_ALL,
+        CS_ERR_TRY_AGAIN,
+        CS_OK,
+        ffi,
+        load_library,
+    )
+
+    cpg = load_library("libcpg.so.4")
+    state = {"got": 0, "members": 0}
+
+    def deliver(_h: int, _g: object, _n: int, _p: int, msg: object, size: int) -> None:
+        ffi.buffer(msg, size)[:]  # the copy any receiver must make
+        state["got"] += 1
+
+    def confchg(_h: int, _g: object, _m: object, n: int, *_rest: object) -> None:
+        state["members"] = n
+
+    deliver_cb = ffi.callback("cpg_deliver_fn_t", deliver)
+    confchg_cb = ffi.callback("cpg_confchg_fn_t", confchg)
+    callbacks = ffi.new(
+        "cpg_callbacks_t *", {"cpg_deliver_fn": deliver_cb, "cpg_confchg_fn": confchg_cb}
+    )
+    handle_p = ffi.new("cpg_handle_t *")
+    assert cpg.cpg_initialize(handle_p, callbacks) == CS_OK
+    handle = handle_p[0]
+    name = ffi.new("struct cpg_name *")
+    name.length = len(args.group)
+    ffi.memmove(name.value, args.group.encode(), len(args.group))
+    while cpg.cpg_join(handle, name) == CS_ERR_TRY_AGAIN:
+        time.sleep(0.01)
+    fd_p = ffi.new("int *")
+    cpg.cpg_fd_get(handle, fd_p)
+    fd = fd_p[0]
+    while state["members"] < MEMBERS:
+        select.select([fd], [], [], 0.1)
+        cpg.cpg_dispatch(handle, CS_DISPATCH_ALL)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    payload = b"x" * args.size
+    iov = ffi.new("struct iovec *")
+    buffer = ffi.from_buffer(payload)
+    iov.iov_base = buffer
+    iov.iov_len = len(payload)
+    start = time.perf_counter()
+    sent = 0 if args.sender else args.count
+    while state["got"] < args.count:
+        if sent < args.count:
+            rc = cpg.cpg_mcast_joined(handle, CPG_TYPE_AGREED, iov, 1)
+            if rc == CS_OK:
+                sent += 1
+            elif rc == CS_ERR_TRY_AGAIN:
+                select.select([fd], [], [], 0.001)
+            else:
+                raise SystemExit(f"cpg_mcast_joined: {rc}")
+        else:
+            select.select([fd], [], [], 0.1)
+        cpg.cpg_dispatch(handle, CS_DISPATCH_ALL)
+    print(f"done {time.perf_counter() - start:.6f}", flush=True)
+    # Keep dispatching until told to exit, so the others are not held up.
+    while not select.select([sys.stdin], [], [], 0.01)[0]:
+        cpg.cpg_dispatch(handle, CS_DISPATCH_ALL)
+    cpg.cpg_finalize(handle)
+    return 0
+
+
+# -- orchestration ---------------------------------------------------------------------
+
+
+def run_round(argvs: list[list[str]]) -> float:
+    procs = [
+        subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+        for argv in argvs
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if line.strip() != "ready":
+                raise RuntimeError(f"member did not get ready: {line!r}")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        times = []
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line.startswith("done"):
+                raise RuntimeError(f"member failed: {line!r}")
+            times.append(float(line.split()[1]))
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("exit\n")
+            proc.stdin.flush()
+        for proc in procs:
+            proc.wait(timeout=30)
+        return max(times)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
+
+
+def member_argv(
+    backend: str, group: str, node: int, size: int, count: int, sender: bool, address: str | None
+) -> list[str]:
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "member",
+        "--backend",
+        backend,
+        "--group",
+        group,
+        "--node",
+        str(node),
+        "--size",
+        str(size),
+        "--count",
+        str(count),
+    ]
+    if sender:
+        argv.append("--sender")
+    if address:
+        argv += ["--address", address]
+    return argv
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    sub = parser.add_subparsers(dest="command")
+    member = sub.add_parser("member")
+    member.add_argument("--backend", required=True)
+    member.add_argument("--group", required=True)
+    member.add_argument("--node", type=int, required=True)
+    member.add_argument("--size", type=int, required=True)
+    member.add_argument("--count", type=int, required=True)
+    member.add_argument("--sender", action="store_true")
+    member.add_argument("--address")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
+    parser.add_argument("--no-corosync", action="store_true")
+    args = parser.parse_args()
+    if args.command == "member":
+        return member_main(args)
+
+    from deploy.lab.netns import CorosyncSite, lab_unavailable_reason
+
+    results: dict[tuple[str, int], float] = {}
+    sequencer = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "bus", "--group", "bench"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert sequencer.stdout is not None
+        address = sequencer.stdout.readline().split()[2]
+        for size, base_count in SIZES.items():
+            count = int(base_count * args.scale)
+            argvs = [
+                member_argv("embedded", "bench", n, size, count, n == 1, address)
+                for n in range(1, MEMBERS + 1)
+            ]
+            results[("embedded", size)] = count / run_round(argvs)
+    finally:
+        sequencer.terminate()
+        sequencer.wait()
+        if sequencer.stdout is not None:
+            sequencer.stdout.close()
+
+    reason = "disabled" if args.no_corosync else lab_unavailable_reason()
+    if reason is None:
+        with CorosyncSite("bench", nodes=MEMBERS, subnet="10.213.9", prefix="dgB") as site:
+            for size, base_count in SIZES.items():
+                count = int(base_count * args.scale)
+                for backend in ("bare", "corosync"):
+                    group = f"bench-{backend}-{size}"
+                    argvs = [
+                        site.ns_argv(n, member_argv(backend, group, n, size, count, n == 1, None))
+                        for n in range(1, MEMBERS + 1)
+                    ]
+                    results[(backend, size)] = count / run_round(argvs)
+    else:
+        print(f"corosync part skipped: {reason}", file=sys.stderr)
+
+    print(f"\n{'backend':<10} {'payload':>8} {'msgs/s':>10} {'MB/s':>9} {'% of bare':>10}")
+    for size in SIZES:
+        for backend in ("embedded", "corosync", "bare"):
+            if (backend, size) not in results:
+                continue
+            rate = results[(backend, size)]
+            bare = results.get(("bare", size))
+            share = f"{100 * rate / bare:9.0f}%" if bare and backend == "corosync" else ""
+            print(f"{backend:<10} {size:>8} {rate:>10.0f} {rate * size / 1e6:>9.1f} {share:>10}")
+    return 0
+
+
+if __name__ == "__main__":
+    if os.environ.get("PYTHONPATH") is None:
+        os.environ["PYTHONPATH"] = str(REPO)
+    sys.exit(main())
