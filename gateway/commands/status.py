@@ -176,7 +176,7 @@ def render(documents: Sequence[dict[str, Any]]) -> Table:
             _fmt(doc.get("peer")),
             link,
             _fmt(doc.get("lag_events")),
-            _fmt(doc.get("lag_seconds"), digits=1),
+            _fmt(doc.get("lag_seconds"), digits=2),
             _fmt(rate, digits=0),
             spool_text,
             _fmt(doc.get("rules_version")),
