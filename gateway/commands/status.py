@@ -47,7 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="URL",
-        help="a sidecar's observability address, e.g. http://127.0.0.1:9640 (repeat)",
+        help="a sidecar's observability address, e.g. http://127.0.0.1:9464 (repeat)",
     )
     parser.add_argument(
         "--targets",

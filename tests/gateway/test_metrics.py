@@ -470,8 +470,8 @@ def test_status_command_without_targets_is_a_clear_error() -> None:
 
 def test_status_targets_file(tmp_path: Any) -> None:
     path = tmp_path / "targets"
-    path.write_text("# site P\nhttp://p1:9640\n\n  p2:9640  # standby\n")
-    assert status_command.read_targets(str(path)) == ["http://p1:9640", "p2:9640"]
+    path.write_text("# site P\nhttp://p1:9464\n\n  p2:9464  # standby\n")
+    assert status_command.read_targets(str(path)) == ["http://p1:9464", "p2:9464"]
     from protocol.errors import ConfigError
 
     with pytest.raises(ConfigError, match="cannot read"):
