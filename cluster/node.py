@@ -793,6 +793,7 @@ def describe(state: SiteState) -> dict[str, Any]:
                 "depth": q.depth,
                 "acquired": len(q.acquired),
                 "bytes": q.bytes,
+                "digest": st.queue_digest(state, q.name),
                 "args": {k: v if not isinstance(v, bytes) else v.hex() for k, v in q.args.items()},
                 "replica": None
                 if q.replica is None

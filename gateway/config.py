@@ -28,7 +28,8 @@ from pathlib import Path
 from cluster.bus import BusConfig
 from cluster.node import BrokerConfig
 from filters.yamldoc import Node, Problems, check_keys, expect_int, expect_str, parse
-from protocol.errors import ConfigError, Location, Problem
+from gateway.sidecar import SidecarConfig
+from protocol.errors import ConfigError, Location, Problem, RulesError
 
 BUS_BACKENDS = ("embedded", "corosync")
 # The default group name: one site, one bus group.
@@ -151,4 +152,157 @@ def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
         tls_cert=tls.get("cert"),
         tls_key=tls.get("key"),
         tls_ca=tls.get("ca"),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Sidecar config (drgate run --config FILE)
+# ---------------------------------------------------------------------------
+
+SIDECAR_KEYS_REQUIRED = ("site", "role", "node", "bus", "peer_cluster", "spool", "rules")
+SIDECAR_KEYS_OPTIONAL = ("peers", "listen", "tls", "metrics")
+SITE_ROLES = ("primary", "dr")
+FSYNC_POLICIES = ("never", "batch", "always")
+# 1 GiB: at 200-byte events, about five million events, minutes of a busy
+# site's traffic, before D needs a resync.
+DEFAULT_SPOOL_MAX_BYTES = 1 << 30
+
+
+def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
+    """The sidecar config in ``path`` (or ``text``), or :class:`ConfigError`.
+
+    Example (P)::
+
+        site: site-p
+        role: primary            # primary (tap + egress) | dr (ingress)
+        node: 1
+        peer_cluster: site-d
+        peers: [10.0.1.1:7500, 10.0.1.2:7500, 10.0.1.3:7500]   # D's sidecars, in order
+        bus: {backend: corosync, group: drgate}
+        spool: {directory: /var/lib/drgate/spool, max_bytes: 1073741824, fsync: batch}
+        rules: /etc/drgate/rules.yaml
+        metrics: 0.0.0.0:9464
+        tls: {cert: ..., key: ..., ca: ...}
+
+    At D, ``listen: 0.0.0.0:7500`` instead of ``peers``.
+    """
+    from filters.rules import load_rules
+
+    if text is None:
+        text = read_text(path)
+    problems = Problems()
+    root = parse(text, path, error=ConfigError)
+    fields = check_keys(
+        root,
+        problems,
+        what="the sidecar config",
+        required=SIDECAR_KEYS_REQUIRED,
+        optional=SIDECAR_KEYS_OPTIONAL,
+    )
+    if fields is None:
+        problems.raise_if_any(ConfigError)
+        raise AssertionError("unreachable")
+
+    def text_of(key: str) -> str | None:
+        return expect_str(fields[key], problems, what=f"'{key}'") if key in fields else None
+
+    site = text_of("site")
+    role = text_of("role")
+    if role is not None and role not in SITE_ROLES:
+        problems.error(fields["role"].location, f"unknown role {role!r}", "use primary or dr")
+    node_id = (
+        expect_int(fields["node"], problems, what="'node'", minimum=1, maximum=2**32 - 1)
+        if "node" in fields
+        else None
+    )
+    bus = load_bus(fields["bus"], problems, node_id=node_id or 0) if "bus" in fields else None
+    peer_cluster = text_of("peer_cluster")
+    peers: list[str] = []
+    if "peers" in fields:
+        node = fields["peers"]
+        if node.kind != "sequence" or not node.value:
+            problems.error(node.location, "'peers' must be a non-empty list of HOST:PORT")
+        else:
+            for item in node.value:
+                value = expect_str(item, problems, what="each item of 'peers'")
+                if value is not None:
+                    parse_hostport(value, item, problems, what="each item of 'peers'")
+                    peers.append(value)
+    listen = text_of("listen")
+    if listen is not None:
+        parse_hostport(listen, fields["listen"], problems, what="'listen'")
+    if role == "primary" and not peers and "peers" not in fields:
+        problems.error(root.location, "a primary sidecar needs 'peers' (D's sidecars, in order)")
+    if role == "dr" and listen is None and "listen" not in fields:
+        problems.error(root.location, "a dr sidecar needs 'listen' (HOST:PORT for the link)")
+    spool_dir, spool_max, fsync = "", DEFAULT_SPOOL_MAX_BYTES, "batch"
+    if "spool" in fields:
+        spool = check_keys(
+            fields["spool"],
+            problems,
+            what="'spool'",
+            required=("directory",),
+            optional=("max_bytes", "fsync"),
+        )
+        if spool is not None:
+            if "directory" in spool:
+                spool_dir = expect_str(spool["directory"], problems, what="'spool.directory'") or ""
+            if "max_bytes" in spool:
+                spool_max = (
+                    expect_int(
+                        spool["max_bytes"], problems, what="'spool.max_bytes'", minimum=1 << 16
+                    )
+                    or spool_max
+                )
+            if "fsync" in spool:
+                fsync = expect_str(spool["fsync"], problems, what="'spool.fsync'") or fsync
+                if fsync not in FSYNC_POLICIES:
+                    problems.error(
+                        spool["fsync"].location,
+                        f"unknown fsync policy {fsync!r}",
+                        f"use one of: {', '.join(FSYNC_POLICIES)}",
+                    )
+    rules = None
+    rules_path = text_of("rules")
+    if rules_path is not None:
+        try:
+            rules = load_rules(read_text(rules_path), rules_path)
+        except (RulesError, ConfigError) as exc:
+            for problem in exc.problems:
+                problems.items.append(problem)
+    metrics = text_of("metrics")
+    if metrics is not None:
+        parse_hostport(metrics, fields["metrics"], problems, what="'metrics'")
+    tls: dict[str, str] = {}
+    if "tls" in fields:
+        tls_fields = check_keys(
+            fields["tls"], problems, what="'tls'", required=("cert", "key", "ca")
+        )
+        for key, tls_node in (tls_fields or {}).items():
+            path_value = expect_str(tls_node, problems, what=f"'tls.{key}'")
+            if path_value is not None:
+                if not Path(path_value).is_file():
+                    problems.error(
+                        tls_node.location, f"'tls.{key}' names {path_value!r}, which is not a file"
+                    )
+                tls[key] = path_value
+    problems.raise_if_any(ConfigError)
+    if site is None or role is None or node_id is None or bus is None or rules is None:
+        raise AssertionError("a missing value was not reported as a problem")
+    return SidecarConfig(
+        site=site,
+        primary=role == "primary",
+        node=node_id,
+        bus=bus,
+        peer_cluster=peer_cluster or "",
+        peers=tuple(peers),
+        listen=listen,
+        spool_dir=spool_dir,
+        spool_max_bytes=spool_max,
+        fsync=fsync,
+        rules=rules,
+        tls_cert=tls.get("cert"),
+        tls_key=tls.get("key"),
+        tls_ca=tls.get("ca"),
+        metrics=metrics,
     )

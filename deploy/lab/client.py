@@ -132,6 +132,10 @@ class Consumer(MessagingHandler):  # type: ignore[misc]
             self.conn.close()
 
     def on_message(self, event: Any) -> None:
+        if self.count and len(self.ids) >= self.count:
+            # Prefetched beyond --count while closing: give it back.
+            self.release(event.delivery, delivered=False)
+            return
         if event.message.delivery_count:
             self.redelivered += 1
         self.ids.append(str(event.message.id))

@@ -265,3 +265,127 @@ def finish_client(popen: subprocess.Popen[str], *, timeout: float = 300.0) -> di
     except (IndexError, json.JSONDecodeError) as exc:
         raise SiteError(f"client failed: {err[-2000:]}") from exc
     return result
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (the lab's processes bind it next)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+LAB_RULES = ROOT / "deploy" / "rules" / "lab.yaml"
+
+
+class TwoSites:
+    """Site P and site D (brokers and sidecars each) on the embedded bus,
+    joined by one WAN emulator per D sidecar (deploy/lab/wan.py).
+
+    P's sidecars list the emulators as D's addresses, in order; D's
+    sidecars listen behind them.  ``wan(i, "cut")`` controls emulator i.
+    """
+
+    def __init__(
+        self,
+        *,
+        nodes: int = 3,
+        workdir: str | Path | None = None,
+        delay_ms: int = 0,
+        rules: Path = LAB_RULES,
+        metrics: bool = False,
+    ) -> None:
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="twosites-"))
+        self.p = BrokerSite("site-p", nodes=nodes, workdir=self.workdir / "p", group="site-p")
+        self.d = BrokerSite("site-d", nodes=nodes, workdir=self.workdir / "d", group="site-d")
+        self.nodes = list(range(1, nodes + 1))
+        self.delay_ms = delay_ms
+        self.rules = rules
+        self.metrics = metrics
+        self.d_listen = {n: free_port() for n in self.nodes}
+        self.wan_listen = {n: free_port() for n in self.nodes}
+        self.wan_control = {n: free_port() for n in self.nodes}
+        self.metrics_port: dict[tuple[str, int], int] = {}
+
+    def __enter__(self) -> TwoSites:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.p.start()
+        self.d.start()
+        for n in self.nodes:
+            self.start_wan(n)
+        for n in self.nodes:
+            self.start_sidecar(self.d, n)
+        for n in self.nodes:
+            self.start_sidecar(self.p, n)
+
+    def start_wan(self, n: int) -> None:
+        argv = [
+            sys.executable, "-m", "deploy.lab.wan",
+            "--listen", f"127.0.0.1:{self.wan_listen[n]}",
+            "--target", f"127.0.0.1:{self.d_listen[n]}",
+            "--control", f"127.0.0.1:{self.wan_control[n]}",
+            "--delay-ms", str(self.delay_ms),
+        ]  # fmt: skip
+        proc = self.p._spawn(f"wan-{n}", argv)
+        proc.wait_line("wan.serving")
+
+    def wan(self, n: int, line: str) -> str:
+        argv = [
+            sys.executable, "-m", "deploy.lab.wan",
+            "--control", f"127.0.0.1:{self.wan_control[n]}", "--send", line,
+        ]  # fmt: skip
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=30, cwd=ROOT, check=True
+        )
+        return done.stdout
+
+    def sidecar_config(self, site: BrokerSite, n: int) -> Path:
+        primary = site is self.p
+        spool = site.workdir / f"spool-{n}"
+        lines = [
+            f"site: {site.cluster}",
+            f"role: {'primary' if primary else 'dr'}",
+            f"node: {n}",
+            f"peer_cluster: {self.d.cluster if primary else self.p.cluster}",
+            "bus:",
+            "  backend: embedded",
+            f"  group: {site.group}",
+            f"  address: {site.bus_address}",
+            f"spool:\n  directory: {spool}\n  fsync: never",
+            f"rules: {self.rules}",
+        ]
+        if primary:
+            lines.append("peers:")
+            lines += [f"  - 127.0.0.1:{self.wan_listen[m]}" for m in self.nodes]
+        else:
+            lines.append(f"listen: 127.0.0.1:{self.d_listen[n]}")
+        if self.metrics:
+            lines.append("metrics: 127.0.0.1:0")
+        path = site.workdir / f"sidecar-{n}.yaml"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def start_sidecar(self, site: BrokerSite, n: int) -> Proc:
+        config = self.sidecar_config(site, n)
+        proc = site._spawn(f"sidecar-{n}", drgate_argv("run", "--config", str(config)))
+        if self.metrics:
+            line = proc.wait_line("metrics on")
+            self.metrics_port[(site.cluster, n)] = int(line.rsplit(":", 1)[1])
+        proc.wait_line("sidecar node")
+        return proc
+
+    def stop(self) -> None:
+        self.p.stop()
+        self.d.stop()

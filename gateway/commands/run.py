@@ -1,0 +1,58 @@
+"""``drgate run --config sidecar.yaml``: run one sidecar beside a broker node."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+
+import trio
+
+from gateway.config import load_sidecar_config
+from gateway.sidecar import Sidecar, SidecarConfig
+
+NAME = "run"
+HELP = "run a sidecar: tap and egress at the primary site, ingress at the DR site"
+SHUTDOWN_GRACE_S = 5.0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="sidecar config (YAML)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_sidecar_config(args.config)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format=f"%(asctime)s level=%(levelname)s site={config.site} node={config.node} "
+        "process=sidecar %(name)s: %(message)s",
+    )
+    trio.run(serve_sidecar, config)
+    return 0
+
+
+async def serve_sidecar(config: SidecarConfig) -> None:
+    sidecar = Sidecar(config)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sidecar.serve)
+            if config.metrics is not None:
+                from gateway.httpserver import serve_http
+
+                host, _, port = config.metrics.rpartition(":")
+                bound = await nursery.start(
+                    lambda task_status: serve_http(
+                        host, int(port), snapshot=sidecar.statistics, task_status=task_status
+                    )
+                )
+                print(f"drgate run: metrics on {host}:{bound}", flush=True)
+            print(
+                f"drgate run: sidecar node {config.node} of {config.site} ready, "
+                f"role {sidecar.current_role()}",
+                flush=True,
+            )
+            async for _ in signals:
+                nursery.cancel_scope.deadline = trio.current_time() + SHUTDOWN_GRACE_S
+                nursery.cancel_scope.cancel()
+                break

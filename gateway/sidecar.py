@@ -1,0 +1,580 @@
+"""The sidecar: tap, spool, egress at P; ingress at D (ARCHITECTURE sections 7 and 8).
+
+Theory of operation
+-------------------
+A sidecar is a passive member of its site's bus (:class:`cluster.node.SiteMember`):
+it holds the site state, joins by state transfer like a broker, and
+multicasts nothing on the data path.
+
+At P every sidecar taps the stream (:mod:`gateway.tap`) and appends the
+replication events to its spool.  The *active egress* is the lowest ready
+sidecar of a quorate view; every sidecar computes that from the same stream,
+so no election messages exist.  The active egress connects to D's sidecars in
+the configured order, and streams its spool from the point D says it has
+applied (WELCOME's ``resume_from``).  D's acks trim the spool; the egress
+announces the acked point on P's bus (``AckWatermark``, at most once a second)
+so the standbys trim theirs.
+
+At D the lowest ready sidecar is the *active ingress*.  It answers HELLO with
+D's ``applied[origin incarnation]`` (from the state, so a new ingress resumes
+where the old one stopped), multicasts each received event into D's bus, and
+acks a sequence number only once its own multicast has come back and been
+applied.  A standby refuses a connection with a retriable error naming the
+active ingress; the egress moves on to the next address.
+
+A sidecar in a non-quorate view does nothing: no egress, no ingress.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import ssl
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from cluster.bus import BusConfig, MemberId, ViewChange
+from cluster.node import SiteMember
+from cluster.state.views import applied
+from filters.matcher import RuleSet
+from gateway.spool import Spool
+from gateway.tap import ReplEvent, Tap
+from protocol import cluster as pc
+from protocol import link
+from protocol.errors import DrgateError, RemoteProtocolError
+from protocol.modes import Role
+
+log = logging.getLogger("drgate.sidecar")
+
+# Reconnect backoff: from 0.1 s doubling to 5 s, with +-50 % jitter so that a
+# site's worth of reconnects does not arrive in step.
+BACKOFF_MIN_S = 0.1
+BACKOFF_MAX_S = 5.0
+CONNECT_TIMEOUT_S = 5.0
+# The standbys trim by the announced watermark; once a second is plenty.
+WATERMARK_INTERVAL_S = 1.0
+# Bytes of spool read per replay step.
+REPLAY_BYTES = 1 << 20
+READ_BYTES = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarConfig:
+    site: str  # this site's cluster id
+    primary: bool  # True at P (tap + egress), False at D (ingress)
+    node: int
+    bus: BusConfig
+    peer_cluster: str  # the other site's cluster id
+    peers: tuple[str, ...]  # the other site's sidecar link addresses, in order (P)
+    listen: str | None  # link listen address (D)
+    spool_dir: str
+    spool_max_bytes: int
+    fsync: str
+    rules: RuleSet
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    metrics: str | None = None
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a person: the messages of an exception (group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe_error(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, DrgateError) else str(exc)
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class Sidecar(SiteMember):
+    role = Role.SIDECAR
+
+    def __init__(self, config: SidecarConfig) -> None:
+        super().__init__(config.site, config.bus)
+        self.config = config
+        self.tap = Tap(config.rules, origin_cluster=config.site)
+        self.spool: Spool | None = None
+        self._events: list[ReplEvent] = []
+        self._spooled = trio.Event()
+        self._role_changed = trio.Event()
+        self.link_state = "down"
+        self.peer = ""
+        self.last_error = ""
+        self.acked_seq = 0
+        self.rtt: float | None = None
+        self.reconnects = 0
+        self.ingested = 0
+        self._last_watermark = 0.0
+        self._clean_floor = 0
+        self._sender_stats: Any = None
+        # (seq, origin time) of events tapped and not yet acked by D: the lag.
+        # Bounded by the spool: an overflow drops its oldest entries too.
+        self._unacked: deque[tuple[int, int]] = deque()
+        self._receiver_stats: Any = None
+
+    # ------------------------------------------------------------------
+    # Roles
+    # ------------------------------------------------------------------
+
+    def current_role(self) -> str:
+        if self.membership is None or not self.ready.is_set():
+            return "starting"
+        if not self.membership.quorate:
+            return "minority"
+        sidecars = sorted(
+            MemberId(node, pid)
+            for (node, pid), role in self.state.ready.items()
+            if role == Role.SIDECAR and MemberId(node, pid) in self.membership.members
+        )
+        active = bool(sidecars) and sidecars[0] == self.me
+        if self.config.primary:
+            return "egress" if active else "standby"
+        return "ingress" if active else "ingress-standby"
+
+    def active_sidecar(self) -> MemberId | None:
+        if self.membership is None:
+            return None
+        sidecars = sorted(
+            MemberId(node, pid)
+            for (node, pid), role in self.state.ready.items()
+            if role == Role.SIDECAR and MemberId(node, pid) in self.membership.members
+        )
+        return sidecars[0] if sidecars else None
+
+    def _roles_may_have_changed(self) -> None:
+        self._role_changed.set()
+        self._role_changed = trio.Event()
+
+    # ------------------------------------------------------------------
+    # The stream (called by the applier, in order; never waits)
+    # ------------------------------------------------------------------
+
+    def _after_command(
+        self, cmd: pc.Command, effects: Sequence[Any], sender: MemberId, own: bool
+    ) -> None:
+        if isinstance(cmd, pc.MemberReady):
+            self._roles_may_have_changed()
+        if not self.config.primary:
+            return
+        if isinstance(cmd, pc.AckWatermark) and self.spool is not None and not own:
+            if cmd.origin_cluster == self.config.site:
+                self.spool.trim(cmd.cseq)
+                self._forget_acked(cmd.cseq)
+            return
+        event = self.tap.on_command(self.state, cmd, effects, int(time.time() * 1e6))
+        if event is not None:
+            self._events.append(event)
+
+    def _after_frame(self) -> None:
+        if not self._events:
+            return
+        if self.spool is not None:
+            self.spool.append_many((e.seq, e.time_us, e.payload) for e in self._events)
+            self._unacked.extend((e.seq, e.time_us) for e in self._events)
+            while len(self._unacked) > 1 and self.spool.floor >= self._unacked[0][0]:
+                self._unacked.popleft()
+            self._spooled.set()
+            self._spooled = trio.Event()
+        self._events.clear()
+
+    def _after_view(self, view: ViewChange, effects: Sequence[Any]) -> None:
+        self._roles_may_have_changed()
+
+    # ------------------------------------------------------------------
+    # Service
+    # ------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.serve_member)
+            # Events tapped before the spool opens were part of the snapshot
+            # or of the genesis; the spool starts above the current cseq.
+            self.tap.resync_rules(self.state)
+            self.spool = Spool.open(
+                self.config.spool_dir,
+                max_bytes=self.config.spool_max_bytes,
+                fsync=self.config.fsync,
+                start_after=self.state.cseq,
+            )
+            # A cut that holds nothing to replicate: a D that has applied
+            # nothing loses nothing by starting at the spool's floor.
+            self._clean_floor = self.spool.floor if not self._replicated_state() else 0
+            self._after_frame()
+            if self.config.primary:
+                nursery.start_soon(self._serve_egress)
+            else:
+                assert self.config.listen is not None
+                host, port = _split(self.config.listen)
+                await nursery.start(self._serve_ingress, host, port)
+            log.info("sidecar ready role=%s cseq=%d", self.current_role(), self.state.cseq)
+            task_status.started()
+
+    def _client_ssl(self) -> ssl.SSLContext | None:
+        if self.config.tls_cert is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.config.tls_ca)
+        context.load_cert_chain(self.config.tls_cert, self.config.tls_key)
+        context.check_hostname = False
+        return context
+
+    def _server_ssl(self) -> ssl.SSLContext | None:
+        if self.config.tls_cert is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.config.tls_ca)
+        context.load_cert_chain(self.config.tls_cert, self.config.tls_key)
+        context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    # ------------------------------------------------------------------
+    # Egress (P)
+    # ------------------------------------------------------------------
+
+    async def _serve_egress(self) -> None:
+        backoff = BACKOFF_MIN_S
+        index = 0
+        while True:
+            if self.current_role() != "egress":
+                self.link_state = "down" if self.current_role() != "minority" else "minority"
+                await self._role_changed.wait()
+                continue
+            address = self.config.peers[index % len(self.config.peers)]
+            index += 1
+            try:
+                with trio.move_on_after(CONNECT_TIMEOUT_S) as scope:
+                    self.link_state = "connecting"
+                    host, port = _split(address)
+                    stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+                if scope.cancelled_caught:
+                    raise OSError(f"connect to {address} timed out")
+                context = self._client_ssl()
+                if context is not None:
+                    stream = trio.SSLStream(stream, context, server_hostname=host)
+                    await stream.do_handshake()
+                self.peer = address
+                await self._run_egress(stream, address)
+                backoff = BACKOFF_MIN_S
+            except Exception as exc:  # any failure of one connection: log, back off, retry
+                self.last_error = f"link to {address}: {describe_error(exc)}"
+                log.warning("egress: %s", self.last_error)
+            self.link_state = "down"
+            self.reconnects += 1
+            if index % len(self.config.peers) == 0:
+                await trio.sleep(backoff * random.uniform(0.5, 1.5))
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    async def _run_egress(self, stream: trio.abc.Stream, address: str) -> None:
+        assert self.spool is not None
+        sender = link.LinkSender(
+            link.SenderConfig(
+                origin_cluster=self.config.site,
+                target_cluster=self.config.peer_cluster,
+                incarnation=self.state.incarnation,
+                epoch=self.tap.epoch,
+            )
+        )
+        wake = trio.Event()
+        async with stream, trio.open_nursery() as nursery:
+            await stream.send_all(sender.start(trio.current_time(), resume_point=self.spool.floor))
+
+            async def reader() -> None:
+                nonlocal wake
+                while True:
+                    data = await stream.receive_some(READ_BYTES)
+                    if not data:
+                        raise trio.BrokenResourceError(f"{address} closed the link")
+                    sender.receive_data(bytes(data))
+                    wake.set()
+
+            nursery.start_soon(reader)
+            welcomed = False
+            last_queued = 0
+            while True:
+                if self.current_role() != "egress":
+                    raise DrgateError("no longer the active egress")
+                while True:
+                    ev = sender.next_event()
+                    if ev is link.NEED_DATA:
+                        break
+                    if isinstance(ev, link.Welcome):
+                        welcomed = True
+                        self.link_state = "up"
+                        last_queued = ev.resume_from
+                        fresh = ev.resume_from == 0 and self._clean_floor == self.spool.floor
+                        if fresh:
+                            last_queued = self.spool.floor
+                        elif self.spool.needs_resync(ev.resume_from):
+                            self.last_error = (
+                                f"D ({address}) has applied up to {ev.resume_from}, but this "
+                                f"spool starts above {self.spool.floor}: D needs a resync"
+                            )
+                            raise DrgateError(self.last_error)
+                        log.info("egress: link up to %s, resuming after %d", address, last_queued)
+                    elif isinstance(ev, link.Acked):
+                        self.acked_seq = ev.seq
+                        self.spool.trim(ev.seq)
+                        self._forget_acked(ev.seq)
+                        self._announce_watermark()
+                    elif isinstance(ev, link.PongReceived):
+                        self.rtt = ev.rtt
+                    elif isinstance(ev, link.PeerError):
+                        raise DrgateError(f"{address} refused the link: {ev.text}")
+                    elif isinstance(ev, link.Stalled):
+                        raise DrgateError(f"{address} silent for {ev.silent_for:.1f} s")
+                    elif isinstance(ev, link.ConnectionClosed):
+                        raise DrgateError(f"{address} closed the link")
+                if welcomed and not sender.window_full:
+                    for seq, time_us, payload in self.spool.read_after(last_queued, REPLAY_BYTES):
+                        sender.send_event(link.LinkEvent(seq, time_us, payload))
+                        last_queued = seq
+                now = trio.current_time()
+                out = sender.data_to_send(now)
+                if out:
+                    await stream.send_all(out)
+                self._sender_stats = sender.statistics()
+                deadline = sender.tick(trio.current_time())
+                wake = trio.Event()
+                spooled = self._spooled
+                role_changed = self._role_changed
+                behind = self.spool.statistics().last_seq not in (None, last_queued)
+                if behind and welcomed and not sender.window_full:
+                    continue
+                with trio.move_on_at(deadline if deadline is not None else now + 1.0):
+                    async with trio.open_nursery() as waits:
+
+                        async def first(event: trio.Event) -> None:
+                            await event.wait()
+                            waits.cancel_scope.cancel()
+
+                        waits.start_soon(first, wake)
+                        waits.start_soon(first, spooled)
+                        waits.start_soon(first, role_changed)
+
+    def _replicated_state(self) -> bool:
+        """Does the state hold anything the rules replicate (a queue of any
+        mode but none, an exchange that is not predeclared)?"""
+        for q in self.state.queues.values():
+            if self.tap.rules.decide_queue(q.name, q.args).mode.label != "none":
+                return True
+        return any(not x.predeclared for x in self.state.exchanges.values())
+
+    def _forget_acked(self, seq: int) -> None:
+        while self._unacked and self._unacked[0][0] <= seq:
+            self._unacked.popleft()
+
+    def lag(self) -> tuple[int, float]:
+        """Events tapped and not acked by D, and the age of the oldest in seconds."""
+        if not self._unacked:
+            return 0, 0.0
+        return len(self._unacked), max(0.0, time.time() - self._unacked[0][1] / 1e6)
+
+    def _announce_watermark(self) -> None:
+        now = time.monotonic()
+        if now - self._last_watermark < WATERMARK_INTERVAL_S:
+            return
+        self._last_watermark = now
+        self._post(
+            pc.AckWatermark(
+                self.config.site, self.state.incarnation, self.acked_seq, int(time.time() * 1e6)
+            )
+        )
+
+    # ------------------------------------------------------------------
+    # Ingress (D)
+    # ------------------------------------------------------------------
+
+    async def _serve_ingress(
+        self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        task_status.started(listeners[0].socket.getsockname()[1])
+        await trio.serve_listeners(self._handle_link, listeners)
+
+    async def _handle_link(self, stream: trio.abc.Stream) -> None:
+        context = self._server_ssl()
+        try:
+            if context is not None:
+                stream = trio.SSLStream(stream, context, server_side=True)
+                await stream.do_handshake()
+            await self._run_ingress(stream)
+        except Exception as exc:  # one connection failed; the listener carries on
+            self.last_error = f"ingress: {describe_error(exc)}"
+            log.warning("%s", self.last_error)
+        finally:
+            self.link_state = "down" if self.current_role() == "ingress" else self.link_state
+            await trio.aclose_forcefully(stream)
+
+    async def _run_ingress(self, stream: trio.abc.Stream) -> None:
+        receiver = link.LinkReceiver(
+            link.ReceiverConfig(cluster_id=self.config.site), now=trio.current_time()
+        )
+        to_apply_send, to_apply = trio.open_memory_channel[tuple[int, list[pc.Command]]](8)
+        wake = trio.Event()
+
+        async def applier() -> None:
+            nonlocal wake
+            async for last_seq, commands in to_apply:
+                await self.submit_and_wait(*commands)
+                self.ingested += len(commands)
+                receiver.ack(last_seq)
+                wake.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(applier)
+            while True:
+                now = trio.current_time()
+                out = receiver.data_to_send(now)
+                if out:
+                    await stream.send_all(out)
+                self._receiver_stats = receiver.statistics()
+                deadline = receiver.tick(now)
+                data = b""
+                wake = trio.Event()
+                with trio.move_on_at(deadline if deadline is not None else now + 1.0):
+                    async with trio.open_nursery() as waits:
+
+                        async def read() -> None:
+                            nonlocal data
+                            data = bytes(await stream.receive_some(READ_BYTES))
+                            if not data:
+                                data = b"\0eof"
+                            waits.cancel_scope.cancel()
+
+                        async def acked(wake: trio.Event = wake) -> None:
+                            await wake.wait()
+                            waits.cancel_scope.cancel()
+
+                        waits.start_soon(read)
+                        waits.start_soon(acked)
+                if data == b"\0eof":
+                    raise trio.BrokenResourceError("the egress closed the link")
+                if data:
+                    receiver.receive_data(data)
+                while True:
+                    ev = receiver.next_event()
+                    if ev is link.NEED_DATA:
+                        break
+                    if isinstance(ev, link.Hello):
+                        await stream.send_all(self._answer_hello(receiver, ev))
+                    elif isinstance(ev, link.EventsReceived):
+                        commands: list[pc.Command] = []
+                        for event in ev.events:
+                            try:
+                                commands.extend(pc.decode_frame_untrusted(event.payload))
+                            except RemoteProtocolError as exc:
+                                raise DrgateError(f"bad event {event.seq}: {exc}") from exc
+                        if commands:
+                            await to_apply_send.send((ev.events[-1].seq, commands))
+                    elif isinstance(ev, link.PeerError):
+                        raise DrgateError(f"the egress sent an error: {ev.text}")
+                    elif isinstance(ev, link.Stalled):
+                        raise DrgateError(f"the egress was silent for {ev.silent_for:.1f} s")
+                    elif isinstance(ev, link.ConnectionClosed):
+                        raise trio.BrokenResourceError("the egress closed the link")
+
+    def _answer_hello(self, receiver: link.LinkReceiver, hello: link.Hello) -> bytes:
+        role = self.current_role()
+        if role != "ingress":
+            active = self.active_sidecar()
+            return receiver.refuse(
+                int(link.LinkErrorCode.NOT_ACTIVE),
+                f"{self.config.site} node {self.config.node} is {role}; the active ingress is "
+                f"member {active}",
+                retriable=True,
+            )
+        if (
+            hello.target_cluster != self.config.site
+            or hello.origin_cluster != self.config.peer_cluster
+        ):
+            return receiver.refuse(
+                int(link.LinkErrorCode.WRONG_CLUSTER),
+                f"this is {self.config.site}, expecting a stream from {self.config.peer_cluster}; "
+                f"got {hello.origin_cluster} -> {hello.target_cluster}",
+                retriable=False,
+            )
+        resume = applied(self.state, hello.origin_cluster, hello.incarnation)
+        self.link_state = "up"
+        self.peer = hello.origin_cluster
+        log.info("ingress: link up from %s, resuming after %d", hello.origin_cluster, resume)
+        return receiver.accept(resume, hello.window_bytes, trio.current_time())
+
+    # ------------------------------------------------------------------
+
+    def statistics(self) -> dict[str, Any]:
+        spool = self.spool.statistics() if self.spool is not None else None
+        stats: dict[str, Any] = {
+            "site": self.config.site,
+            "node": self.config.node,
+            "process": "sidecar",
+            "role": self.current_role(),
+            "cseq": self.state.cseq,
+            "bus": {
+                "view_size": 0 if self.membership is None else len(self.membership.members),
+                "quorate": True if self.membership is None else self.membership.quorate,
+            },
+            "rules": {
+                "version": self.tap.rules.rules_version,
+                "failed_reloads_total": self.tap.rules_failures,
+                "digest": self.tap.rules.digest,
+            },
+            "merge": dict(self.state.counters),
+            "last_error": self.last_error or self.tap.last_error,
+        }
+        link_stats: dict[str, Any] = {
+            "state": self.link_state,
+            "peer": self.peer,
+            "reconnects_total": self.reconnects,
+            "rtt_seconds": self.rtt,
+        }
+        if self.config.primary:
+            stats["tap"] = self.tap.statistics()
+            s = self._sender_stats
+            last = spool.last_seq if spool is not None and spool.last_seq is not None else 0
+            lag_events, lag_seconds = self.lag()
+            link_stats.update(
+                {
+                    "acked_seq": self.acked_seq,
+                    "last_seq": last,
+                    "lag_events": lag_events,
+                    "lag_seconds": lag_seconds,
+                }
+            )
+            if s is not None:
+                link_stats.update(
+                    {
+                        "bytes_sent_total": s.bytes_raw,
+                        "bytes_sent_wire_total": s.bytes_sent,
+                        "batches_sent_total": s.batches,
+                        "events_sent_total": s.events,
+                    }
+                )
+        else:
+            r = self._receiver_stats
+            link_stats["events_received_total"] = self.ingested
+            if r is not None:
+                link_stats.update(
+                    {
+                        "bytes_received_wire_total": r.bytes_received,
+                        "batches_received_total": r.batches,
+                        "acked_seq": r.acked_seq,
+                    }
+                )
+        stats["link"] = link_stats
+        if spool is not None:
+            stats["spool"] = {
+                "bytes": spool.bytes,
+                "max_bytes": spool.max_bytes,
+                "segments": spool.segments,
+                "overflow_total": spool.overflow_count,
+                "needs_resync": spool.needs_resync,
+                "first_seq": spool.first_seq,
+                "last_seq": spool.last_seq,
+            }
+        return stats

@@ -1,0 +1,229 @@
+"""The tap: P's bus stream in, replication events out (ARCHITECTURE section 7).
+
+Theory of operation
+-------------------
+Every sidecar applies P's stream to its shadow state (it is a bus member like
+a broker).  After each command the state machine has applied, the tap looks
+at the command and its effects and decides, by the rules in force, what D
+must see: zero or one replication event per command.  An event is a bus
+frame holding one ``Replicated`` command, whose inner commands name D's
+queues (after the rules' name mapping) and carry P's positions, so D can
+apply it without P's bindings.  The event's sequence number is the command's
+``cseq``: every sidecar of P computes the same events for the same commands
+(only ``origin_time_us``, the tap's clock, differs), so any of them can take
+over the egress.
+
+What crosses, by the mode of each queue touched:
+
+===============  ============================================================
+declare          ``full``/``enqueue``/``wiring``: a replica of that mode
+delete           every mode but ``none``
+bind / unbind    every mode but ``none`` (exchanges are always declared)
+publish          ``full``/``enqueue``: one ``Enqueue`` per routed queue, with
+                 P's ``pos``; per-message rules may drop it (size, header)
+accept / purge   ``full`` only: a ``Dequeue`` of P's positions
+rules switch     applied at this cseq; no event
+===============  ============================================================
+
+The tap is pure: time is passed in, counters are plain ints read by
+``statistics()``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cluster import state as st
+from cluster.state.model import SiteState
+from filters.matcher import Decision, Drop, RuleSet
+from filters.switch import RulesPayload, apply_switch
+from protocol import cluster as pc
+from protocol.errors import DrgateError
+from protocol.modes import Mode
+
+MESSAGE_MODES = (Mode.FULL, Mode.ENQUEUE)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplEvent:
+    """One replication event: ``payload`` is a bus frame of one ``Replicated``."""
+
+    seq: int
+    time_us: int
+    payload: bytes
+    modes: tuple[Mode, ...]
+    queues: tuple[str, ...]
+
+
+class Tap:
+    """Decides, command by command, what P forwards to D."""
+
+    def __init__(self, rules: RuleSet, *, origin_cluster: str, epoch: int = 1) -> None:
+        self.rules = rules
+        self.origin_cluster = origin_cluster
+        self.epoch = epoch
+        self.commands: Counter[str] = Counter()
+        self.forwarded: Counter[str] = Counter()
+        self.filtered: Counter[tuple[str, str]] = Counter()
+        self.dropped: Counter[str] = Counter()
+        self.rules_failures = 0
+        self.last_error = ""
+
+    # ------------------------------------------------------------------
+
+    def resync_rules(self, state: SiteState) -> None:
+        """After a state transfer: take the rules the site switched to, if any,
+        and decide every queue the state holds."""
+        if state.rules:
+            try:
+                payload = RulesPayload.from_bytes_untrusted(bytes(state.rules))
+                self.rules = apply_switch(self.rules, payload, state.rules_cseq)
+            except DrgateError as exc:
+                self.rules_failures += 1
+                self.last_error = f"cannot apply the site's rules: {exc}"
+        self._decide_all(state)
+
+    def _decide_all(self, state: SiteState) -> None:
+        for q in state.queues.values():
+            self.rules.decide_queue(q.name, q.args)
+
+    def on_command(
+        self, state: SiteState, cmd: pc.Command, effects: Sequence[Any], time_us: int
+    ) -> ReplEvent | None:
+        """The event for ``cmd`` (just applied to ``state``, at ``state.cseq``)."""
+        self.commands[pc.Kind(cmd.KIND).name] += 1
+        items: list[tuple[Mode, pc.Command]] = []
+        if isinstance(cmd, pc.Publish):
+            self._publish(state, cmd, effects, items)
+        elif isinstance(cmd, pc.Accept | pc.Purge):
+            self._dequeues(effects, items)
+        elif isinstance(cmd, pc.QueueDeclare):
+            self._declare(effects, items)
+        elif isinstance(cmd, pc.QueueDelete):
+            self._delete(effects, items)
+        elif isinstance(cmd, pc.Bind | pc.Unbind):
+            decision = self.rules.decisions.get(cmd.queue)
+            if decision is not None and decision.mode != Mode.NONE:
+                target = decision.target_name
+                bound: pc.Command
+                if isinstance(cmd, pc.Bind):
+                    bound = pc.Bind(cmd.exchange, target, cmd.binding_key, cmd.args)
+                else:
+                    bound = pc.Unbind(cmd.exchange, target, cmd.binding_key)
+                items.append((decision.mode, bound))
+        elif isinstance(cmd, pc.ExchangeDeclare | pc.ExchangeDelete):
+            if not any(isinstance(e, st.Refused) for e in effects):
+                items.append((Mode.WIRING, cmd))
+        elif isinstance(cmd, pc.RulesSwitch):
+            self._switch(state, cmd)
+        if not items:
+            return None
+        for mode, _ in items:
+            self.forwarded[mode.label] += 1
+        modes = tuple(m for m, _ in items)
+        commands = tuple(c for _, c in items)
+        replicated = pc.Replicated(
+            self.origin_cluster,
+            state.incarnation,
+            state.cseq,
+            self.epoch,
+            time_us,
+            modes,
+            commands,
+        )
+        return ReplEvent(
+            state.cseq,
+            time_us,
+            pc.encode_frame([replicated]),
+            modes,
+            tuple(c.key for c in commands),
+        )
+
+    # ------------------------------------------------------------------
+
+    def _filtered(self, decision: Decision) -> None:
+        self.filtered[(decision.mode.label, decision.rule_name)] += 1
+
+    def _declare(self, effects: Sequence[Any], items: list[tuple[Mode, pc.Command]]) -> None:
+        for e in effects:
+            if isinstance(e, st.QueueDeclared):
+                decision = self.rules.decide_queue(e.queue, e.args)
+                if decision.mode == Mode.NONE:
+                    self._filtered(decision)
+                    continue
+                items.append((decision.mode, pc.QueueDeclare(decision.target_name, dict(e.args))))
+
+    def _delete(self, effects: Sequence[Any], items: list[tuple[Mode, pc.Command]]) -> None:
+        for e in effects:
+            if isinstance(e, st.QueueDeleted):
+                decision = self.rules.decisions.get(e.queue)
+                self.rules.forget_queue(e.queue)
+                if decision is not None and decision.mode != Mode.NONE:
+                    items.append((decision.mode, pc.QueueDelete(decision.target_name)))
+
+    def _publish(
+        self,
+        state: SiteState,
+        cmd: pc.Publish,
+        effects: Sequence[Any],
+        items: list[tuple[Mode, pc.Command]],
+    ) -> None:
+        body = bytes(cmd.body)
+        for e in effects:
+            if not isinstance(e, st.Enqueued):
+                continue
+            q = state.queues.get(e.queue)
+            args = None if q is None else q.args
+            decision = self.rules.decide_message(
+                e.queue, args, cmd.exchange, cmd.routing_key, cmd.properties, len(body)
+            )
+            if isinstance(decision, Drop):
+                self.dropped[decision.reason] += 1
+                continue
+            if decision.mode not in MESSAGE_MODES:
+                self._filtered(decision)
+                continue
+            items.append(
+                (
+                    decision.mode,
+                    pc.Enqueue(
+                        decision.target_name,
+                        e.pos,
+                        body,
+                        cmd.message_id,
+                        dict(cmd.properties),
+                    ),
+                )
+            )
+
+    def _dequeues(self, effects: Sequence[Any], items: list[tuple[Mode, pc.Command]]) -> None:
+        for e in effects:
+            if not isinstance(e, st.Dequeued):
+                continue
+            decision = self.rules.decisions.get(e.queue)
+            if decision is None or decision.mode != Mode.FULL:
+                continue
+            items.append((Mode.FULL, pc.Dequeue(decision.target_name, e.positions)))
+
+    def _switch(self, state: SiteState, cmd: pc.RulesSwitch) -> None:
+        try:
+            payload = RulesPayload.from_bytes_untrusted(bytes(cmd.payload))
+            self.rules = apply_switch(self.rules, payload, state.cseq)
+        except DrgateError as exc:
+            # Every tap refuses the same payload the same way: the old rules
+            # stay in force everywhere.
+            self.rules_failures += 1
+            self.last_error = f"rules switch at cseq {state.cseq} not applied: {exc}"
+            return
+        self._decide_all(state)
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "commands_total": dict(self.commands),
+            "forwarded_total": dict(self.forwarded),
+            "filtered_total": dict(self.filtered),
+            "dropped_total": dict(self.dropped),
+        }
