@@ -1,0 +1,204 @@
+"""Two sites end to end: brokers, sidecars, the WAN emulator, Proton clients.
+
+Site P and site D have three brokers and three sidecars each, on the embedded
+bus; P's sidecars reach D's through one WAN emulator per D sidecar.  Queues in
+all four modes at once.  After each scenario the invariants hold:
+
+* each ``full`` replica at D holds exactly P's messages in P's order (equal
+  per-queue digests);
+* each ``enqueue`` queue at D received every message once, in order;
+* ``wiring`` queues exist at D and are empty; ``none`` queues do not exist.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploy.lab.site import TwoSites, finish_client
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
+
+DEADLINE_S = 120.0
+MODES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring", "q-none": "none"}
+
+
+@pytest.fixture
+def two(tmp_path: Path) -> Iterator[TwoSites]:
+    with TwoSites(workdir=tmp_path, metrics=True) as sites:
+        for queue, mode in MODES.items():
+            done = sites.p.admin(1, "add-queue", queue, "--replicate", mode)
+            assert done.returncode == 0, done.stderr
+        yield sites
+
+
+def wait_for(what: str, check: Callable[[], bool], *, timeout: float = DEADLINE_S) -> float:
+    """Seconds it took until ``check()``; fails after ``timeout``."""
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting until {what}")
+        time.sleep(0.1)  # polling other processes: there is no event to await
+    return time.monotonic() - start
+
+
+def queues(described: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {q["name"]: q for q in described["queues"]}
+
+
+def status(two: TwoSites, site: str, node: int) -> dict[str, Any]:
+    port = two.metrics_port[(site, node)]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as reply:
+        result: dict[str, Any] = json.load(reply)
+        return result
+
+
+def depth_at_p(two: TwoSites, queue: str) -> int:
+    depth: int = queues(two.p.describe(2))[queue]["depth"]
+    return depth
+
+
+def converged(two: TwoSites, d_node: int = 2) -> bool:
+    p, d = queues(two.p.describe(2)), queues(two.d.describe(d_node))
+    return "q-full" in d and p["q-full"]["digest"] == d["q-full"]["digest"]
+
+
+def check_invariants(two: TwoSites, published: int, *, d_node: int = 2) -> None:
+    wait_for("D's full replica equals P's queue", lambda: converged(two, d_node))
+    d = queues(two.d.describe(d_node))
+    assert d["q-wire"]["depth"] == 0
+    assert "q-none" not in d
+    assert d["q-full"]["replica"]["mode"] == "full"
+    wait_for(
+        "D's enqueue queue holds every message",
+        lambda: queues(two.d.describe(d_node))["q-enq"]["depth"] == published,
+    )
+    got = two.d.client(
+        d_node, "consume", two.d.amqp[d_node], "q-enq", "--count", str(published), "--idle", "5"
+    )
+    assert got["ids"] == [f"m-{i}" for i in range(1, published + 1)], "lost, doubled or reordered"
+
+
+def publish_all(two: TwoSites, count: int, node: int = 1) -> list[Any]:
+    return [
+        two.p.client_popen(node, "publish", two.p.amqp[node], queue, "--count", str(count))
+        for queue in MODES
+    ]
+
+
+def finish(publishers: list[Any], count: int) -> None:
+    for publisher in publishers:
+        assert finish_client(publisher)["accepted"] == count
+
+
+def test_every_mode_reaches_d_as_configured(two: TwoSites) -> None:
+    d_consumer = two.d.client_popen(
+        2, "consume", two.d.amqp[2], "q-enq", "--count", "1000", "--idle", "60"
+    )
+    publishers = publish_all(two, 1000)
+    p_consumer = two.p.client(2, "consume", two.p.amqp[2], "q-full", "--count", "400")
+    finish(publishers, 1000)
+    assert p_consumer["received"] == 400
+    consumed_at_d = finish_client(d_consumer)
+    assert consumed_at_d["ids"] == [f"m-{i}" for i in range(1, 1001)]
+    wait_for("D's full replica equals P's queue", lambda: converged(two))
+    d = queues(two.d.describe(3))
+    assert d["q-full"]["depth"] == 600
+    assert d["q-enq"]["depth"] == 0
+    assert d["q-wire"]["depth"] == 0
+    assert "q-none" not in d
+    p_status = status(two, "site-p", 1)
+    assert p_status["role"] == "egress"
+    assert status(two, "site-d", 1)["role"] == "ingress"
+    wait_for("the lag falls to zero", lambda: status(two, "site-p", 1)["lag_events"] == 0)
+
+
+def test_full_replica_is_read_only_at_d(two: TwoSites) -> None:
+    finish(publish_all(two, 10), 10)
+    wait_for("D's full replica equals P's queue", lambda: converged(two))
+    published = two.d.client(1, "publish", two.d.amqp[1], "q-full", "--count", "1")
+    refusal = published["error"] or published["first_rejection"]
+    assert "read-only replica" in refusal
+    assert "promote" in refusal
+    consumed = two.d.client(1, "consume", two.d.amqp[1], "q-full", "--idle", "2")
+    assert "read-only replica" in consumed["error"]
+
+
+def test_wan_cut_for_five_seconds(two: TwoSites) -> None:
+    publishers = publish_all(two, 3000)
+    wait_for("P is mid-stream", lambda: depth_at_p(two, "q-enq") >= 500)
+    for n in two.nodes:
+        two.wan(n, "cut")
+    time.sleep(5)  # the scenario: the WAN is down for five seconds
+    for n in two.nodes:
+        two.wan(n, "restore")
+    finish(publishers, 3000)
+    check_invariants(two, 3000)
+
+
+def test_active_egress_killed(two: TwoSites) -> None:
+    publishers = publish_all(two, 3000)
+    wait_for("P is mid-stream", lambda: depth_at_p(two, "q-enq") >= 500)
+    two.p.kill("sidecar-1", signal.SIGKILL)
+    took = wait_for(
+        "a standby takes over the egress",
+        lambda: (
+            status(two, "site-p", 2)["role"] == "egress"
+            and status(two, "site-p", 2)["link_state"] == "up"
+        ),
+    )
+    print(f"egress takeover after SIGKILL: {took:.2f} s")
+    finish(publishers, 3000)
+    check_invariants(two, 3000)
+
+
+def test_active_ingress_killed(two: TwoSites) -> None:
+    publishers = publish_all(two, 3000)
+    wait_for("P is mid-stream", lambda: depth_at_p(two, "q-enq") >= 500)
+    two.d.kill("sidecar-1", signal.SIGKILL)
+    took = wait_for(
+        "a standby takes over the ingress",
+        lambda: (
+            status(two, "site-d", 2)["role"] == "ingress"
+            and status(two, "site-d", 2)["link_state"] == "up"
+        ),
+    )
+    print(f"ingress takeover after SIGKILL: {took:.2f} s")
+    finish(publishers, 3000)
+    check_invariants(two, 3000)
+
+
+def test_broker_on_the_egress_node_killed(two: TwoSites) -> None:
+    publishers = publish_all(two, 2000, node=2)
+    wait_for("P is mid-stream", lambda: depth_at_p(two, "q-enq") >= 500)
+    two.p.kill("broker-1", signal.SIGKILL)
+    finish(publishers, 2000)
+    check_invariants(two, 2000)
+
+
+def test_d_sidecar_started_empty_takes_part_in_failover(two: TwoSites) -> None:
+    publishers = publish_all(two, 3000)
+    wait_for("P is mid-stream", lambda: depth_at_p(two, "q-enq") >= 500)
+    two.d.kill("sidecar-3", signal.SIGKILL)
+    spool = two.d.workdir / "spool-3"
+    for path in spool.glob("*"):
+        path.unlink()
+    two.start_sidecar(two.d, 3)  # empty: it joins by state transfer
+    two.d.kill("sidecar-1", signal.SIGKILL)
+    two.d.kill("sidecar-2", signal.SIGKILL)
+    wait_for(
+        "the new sidecar is the active ingress",
+        lambda: (
+            status(two, "site-d", 3)["role"] == "ingress"
+            and status(two, "site-d", 3)["link_state"] == "up"
+        ),
+    )
+    finish(publishers, 3000)
+    check_invariants(two, 3000)
