@@ -1,0 +1,416 @@
+"""gateway/config.py: every mistake in a broker or sidecar config file is
+reported with its file, line and column; a good file builds the frozen config."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from cluster.bus import BusConfig
+from cluster.node import BrokerConfig
+from gateway.cli import main
+from gateway.config import load_broker_config, load_sidecar_config
+from gateway.sidecar import SidecarConfig
+from protocol.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+LAB_RULES = REPO / "deploy" / "rules" / "lab.yaml"
+
+BROKER = """\
+cluster: site-p
+node: 2
+bus:
+  backend: embedded
+  group: site-p
+  address: 127.0.0.1:7400
+amqp:
+  listen: 0.0.0.0:5673
+"""
+
+
+def sidecar(rules: Path = LAB_RULES) -> str:
+    return f"""\
+site: site-p
+role: primary
+node: 1
+peer_cluster: site-d
+peers: [10.0.1.1:7500, 10.0.1.2:7500]
+bus:
+  backend: corosync
+spool:
+  directory: /var/lib/drgate/spool
+  max_bytes: 1048576
+  fsync: always
+rules: {rules}
+metrics: 0.0.0.0:9464
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def problems_of(exc: ConfigError) -> list[str]:
+    return [str(p) for p in exc.problems]
+
+
+# (case id, config text, line, column, words the message must contain)
+BROKER_MISTAKES = [
+    (
+        "unknown key with nearest-key hint",
+        BROKER.replace("  listen:", "  lisen:"),
+        8,
+        3,
+        ["unknown key 'lisen' in 'amqp'", "did you mean 'listen'?"],
+    ),
+    (
+        "unknown top-level key",
+        BROKER + "clustr: x\n",
+        9,
+        1,
+        ["unknown key 'clustr' in the broker config", "did you mean 'cluster'?"],
+    ),
+    (
+        "wrong type",
+        BROKER.replace("node: 2", "node: two"),
+        2,
+        7,
+        ["'node' must be an integer, got a string"],
+    ),
+    (
+        "out of range",
+        BROKER.replace("node: 2", "node: 0"),
+        2,
+        7,
+        ["'node' must be at least 1, got 0"],
+    ),
+    (
+        "missing key",
+        BROKER.replace("cluster: site-p\n", ""),
+        1,
+        1,
+        ["missing key 'cluster' in the broker config"],
+    ),
+    (
+        "bad HOST:PORT",
+        BROKER.replace("0.0.0.0:5673", "localhost"),
+        8,
+        11,
+        ["'amqp.listen' must be HOST:PORT, got 'localhost'", "for example 127.0.0.1:5672"],
+    ),
+    (
+        "port out of range",
+        BROKER.replace("127.0.0.1:7400", "127.0.0.1:99999"),
+        6,
+        12,
+        ["'bus.address' must be HOST:PORT, got '127.0.0.1:99999'"],
+    ),
+    (
+        "unknown bus backend",
+        BROKER.replace("backend: embedded", "backend: zeromq"),
+        4,
+        12,
+        ["unknown bus backend 'zeromq'", "use one of: embedded, corosync"],
+    ),
+    (
+        "embedded bus without address",
+        BROKER.replace("  address: 127.0.0.1:7400\n", ""),
+        4,
+        3,
+        ["the embedded bus needs 'address'", "drgate bus --listen"],
+    ),
+    (
+        "tls file missing",
+        BROKER
+        + "  tls:\n    cert: /nonexistent/broker.pem\n    key: /etc/hostname\n"
+        + "    ca: /etc/hostname\n",
+        10,
+        11,
+        ["'amqp.tls.cert' names '/nonexistent/broker.pem', which is not a file"],
+    ),
+    (
+        "tls key missing from the mapping",
+        BROKER + "  tls:\n    cert: /etc/hostname\n    ca: /etc/hostname\n",
+        10,
+        5,
+        ["missing key 'key' in 'amqp.tls'"],
+    ),
+    (
+        "YAML syntax error",
+        BROKER + "amqp: [\n",
+        10,
+        1,
+        ["YAML syntax error"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "column", "words"),
+    [pytest.param(*case[1:], id=case[0]) for case in BROKER_MISTAKES],
+)
+def test_broker_config_mistakes_name_file_line_column(
+    tmp_path: Path, text: str, line: int, column: int, words: list[str]
+) -> None:
+    path = write(tmp_path, "broker.yaml", text)
+    with pytest.raises(ConfigError) as caught:
+        load_broker_config(str(path))
+    found = problems_of(caught.value)
+    assert len(found) == 1, found
+    assert found[0].startswith(f"{path}:{line}:{column}: error: "), found
+    for word in words:
+        assert word in found[0]
+
+
+def test_broker_config_reports_every_mistake_at_once_in_file_order(tmp_path: Path) -> None:
+    text = BROKER.replace("node: 2", "node: two").replace("0.0.0.0:5673", "nowhere")
+    path = write(tmp_path, "broker.yaml", text + "extra: 1\n")
+    with pytest.raises(ConfigError) as caught:
+        load_broker_config(str(path))
+    places = [(p.location.line, p.location.column) for p in caught.value.problems]
+    assert places == [(2, 7), (8, 11), (9, 1)]
+
+
+def test_an_unreadable_config_file_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "absent.yaml"
+    with pytest.raises(ConfigError) as caught:
+        load_broker_config(str(path))
+    assert problems_of(caught.value) == [
+        f"{path}:1:1: error: cannot read the file: No such file or directory"
+    ]
+
+
+def test_valid_broker_config_builds_the_frozen_object(tmp_path: Path) -> None:
+    path = write(tmp_path, "broker.yaml", BROKER)
+    config = load_broker_config(str(path))
+    assert config == BrokerConfig(
+        cluster="site-p",
+        node=2,
+        bus=BusConfig(backend="embedded", group="site-p", node=2, address="127.0.0.1:7400"),
+        amqp_host="0.0.0.0",
+        amqp_port=5673,
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.node = 3  # type: ignore[misc]
+
+
+def test_broker_config_defaults_and_tls(tmp_path: Path) -> None:
+    pem = write(tmp_path, "x.pem", "not checked here")
+    text = (
+        f"cluster: c\nnode: 7\nbus: {{backend: corosync}}\n"
+        f"amqp:\n  tls: {{cert: {pem}, key: {pem}, ca: {pem}}}\n"
+    )
+    config = load_broker_config("inline.yaml", text)
+    assert config.bus == BusConfig(backend="corosync", group="drgate", node=7, address=None)
+    assert (config.amqp_host, config.amqp_port) == ("0.0.0.0", 5672)
+    assert (config.tls_cert, config.tls_key, config.tls_ca) == (str(pem), str(pem), str(pem))
+
+
+BAD_RULES = """\
+version: 1
+rules:
+  - match: {queue: 'a*'}
+    mode: full
+default: {mode: from-args, fallback: none}
+"""
+
+# (case id, edit of the sidecar text, line, column, words)
+SIDECAR_MISTAKES = [
+    (
+        "unknown key with nearest-key hint",
+        lambda t: t + "metrcs: 1.2.3.4:5\n",
+        14,
+        1,
+        ["unknown key 'metrcs' in the sidecar config", "did you mean 'metrics'?"],
+    ),
+    (
+        "wrong type",
+        lambda t: t.replace("max_bytes: 1048576", "max_bytes: [1]"),
+        10,
+        14,
+        ["'spool.max_bytes' must be an integer, got a list"],
+    ),
+    (
+        "missing key",
+        lambda t: t.replace("peer_cluster: site-d\n", ""),
+        1,
+        1,
+        ["missing key 'peer_cluster' in the sidecar config"],
+    ),
+    (
+        "bad HOST:PORT in peers",
+        lambda t: t.replace("10.0.1.2:7500", "nohost"),
+        5,
+        24,
+        ["each item of 'peers' must be HOST:PORT, got 'nohost'"],
+    ),
+    (
+        "bad HOST:PORT for metrics",
+        lambda t: t.replace("0.0.0.0:9464", "0.0.0.0:http"),
+        13,
+        10,
+        ["'metrics' must be HOST:PORT, got '0.0.0.0:http'"],
+    ),
+    (
+        "unknown bus backend",
+        lambda t: t.replace("backend: corosync", "backend: kafka"),
+        7,
+        12,
+        ["unknown bus backend 'kafka'"],
+    ),
+    (
+        "embedded bus without address",
+        lambda t: t.replace("backend: corosync", "backend: embedded"),
+        7,
+        3,
+        ["the embedded bus needs 'address'"],
+    ),
+    (
+        "unknown fsync policy",
+        lambda t: t.replace("fsync: always", "fsync: sometimes"),
+        11,
+        10,
+        ["unknown fsync policy 'sometimes'", "use one of: never, batch, always"],
+    ),
+    (
+        "unknown role",
+        lambda t: t.replace("role: primary", "role: master"),
+        2,
+        7,
+        ["unknown role 'master'", "use primary or dr"],
+    ),
+    (
+        "tls file missing",
+        lambda t: t + "tls: {cert: /nonexistent.pem, key: /etc/hostname, ca: /etc/hostname}\n",
+        14,
+        13,
+        ["'tls.cert' names '/nonexistent.pem', which is not a file"],
+    ),
+    (
+        "primary without peers",
+        lambda t: t.replace("peers: [10.0.1.1:7500, 10.0.1.2:7500]\n", ""),
+        1,
+        1,
+        ["a primary sidecar needs 'peers'"],
+    ),
+    (
+        "empty peers",
+        lambda t: t.replace("[10.0.1.1:7500, 10.0.1.2:7500]", "[]"),
+        5,
+        8,
+        ["'peers' must be a non-empty list of HOST:PORT"],
+    ),
+    (
+        "dr without listen",
+        lambda t: t.replace("role: primary", "role: dr").replace(
+            "peers: [10.0.1.1:7500, 10.0.1.2:7500]\n", ""
+        ),
+        1,
+        1,
+        ["a dr sidecar needs 'listen'"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("edit", "line", "column", "words"),
+    [pytest.param(*case[1:], id=case[0]) for case in SIDECAR_MISTAKES],
+)
+def test_sidecar_config_mistakes_name_file_line_column(
+    tmp_path: Path, edit: object, line: int, column: int, words: list[str]
+) -> None:
+    assert callable(edit)
+    path = write(tmp_path, "sidecar.yaml", edit(sidecar()))
+    with pytest.raises(ConfigError) as caught:
+        load_sidecar_config(str(path))
+    found = problems_of(caught.value)
+    assert len(found) == 1, found
+    assert found[0].startswith(f"{path}:{line}:{column}: error: "), found
+    for word in words:
+        assert word in found[0]
+
+
+def test_a_bad_rules_file_is_reported_with_its_own_lines(tmp_path: Path) -> None:
+    rules = write(tmp_path, "rules.yaml", BAD_RULES)
+    path = write(tmp_path, "sidecar.yaml", sidecar(rules))
+    with pytest.raises(ConfigError) as caught:
+        load_sidecar_config(str(path))
+    found = problems_of(caught.value)
+    assert found, found
+    assert all(p.startswith(f"{rules}:") for p in found), found
+    assert f"{rules}:4:5: error: unknown key 'mode' in a rule" in "\n".join(found)
+
+
+def test_a_missing_rules_file_is_reported(tmp_path: Path) -> None:
+    rules = tmp_path / "absent-rules.yaml"
+    path = write(tmp_path, "sidecar.yaml", sidecar(rules))
+    with pytest.raises(ConfigError) as caught:
+        load_sidecar_config(str(path))
+    assert problems_of(caught.value) == [
+        f"{rules}:1:1: error: cannot read the file: No such file or directory"
+    ]
+
+
+def test_valid_sidecar_config_builds_the_frozen_object(tmp_path: Path) -> None:
+    path = write(tmp_path, "sidecar.yaml", sidecar())
+    config = load_sidecar_config(str(path))
+    assert isinstance(config, SidecarConfig)
+    expected = {
+        "site": "site-p",
+        "primary": True,
+        "node": 1,
+        "bus": BusConfig(backend="corosync", group="drgate", node=1, address=None),
+        "peer_cluster": "site-d",
+        "peers": ("10.0.1.1:7500", "10.0.1.2:7500"),
+        "listen": None,
+        "spool_dir": "/var/lib/drgate/spool",
+        "spool_max_bytes": 1048576,
+        "fsync": "always",
+        "tls_cert": None,
+        "tls_key": None,
+        "tls_ca": None,
+        "metrics": "0.0.0.0:9464",
+    }
+    got = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "rules"}
+    assert got == expected
+    assert config.rules is not None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.site = "other"  # type: ignore[misc]
+
+
+def test_dr_sidecar_config_defaults(tmp_path: Path) -> None:
+    text = (
+        f"site: site-d\nrole: dr\nnode: 2\npeer_cluster: site-p\nlisten: 0.0.0.0:7500\n"
+        f"bus: {{backend: embedded, address: 127.0.0.1:7401}}\n"
+        f"spool: {{directory: /tmp/spool}}\nrules: {LAB_RULES}\n"
+    )
+    config = load_sidecar_config("d.yaml", text)
+    assert not config.primary
+    assert config.listen == "0.0.0.0:7500"
+    assert config.peers == ()
+    assert (config.fsync, config.spool_max_bytes) == ("batch", 1 << 30)
+    assert config.bus.address == "127.0.0.1:7401"
+
+
+@pytest.mark.parametrize("command", ["broker", "run"])
+def test_commands_exit_1_with_the_messages_and_no_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    text = BROKER if command == "broker" else sidecar()
+    bad = text.replace("backend: embedded", "backend: zeromq").replace(
+        "backend: corosync", "backend: zeromq"
+    )
+    path = write(tmp_path, "bad.yaml", bad + "surplus: 1\n")
+    assert main([command, "--config", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert lines[0].startswith(f"drgate {command}: {path}:")
+    assert "unknown bus backend 'zeromq'" in captured.err
+    assert "unknown key 'surplus'" in captured.err
+    assert "Traceback" not in captured.err
+    assert len(lines) == 2
