@@ -28,6 +28,7 @@ from pathlib import Path
 from cluster.bus import BusConfig
 from cluster.node import BrokerConfig
 from filters.yamldoc import Node, Problems, check_keys, expect_int, expect_str, parse
+from gateway.capture import load_capture
 from gateway.sidecar import SidecarConfig
 from protocol.errors import ConfigError, Location, Problem, RulesError
 
@@ -160,7 +161,7 @@ def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
 # ---------------------------------------------------------------------------
 
 SIDECAR_KEYS_REQUIRED = ("site", "role", "node", "bus", "peer_cluster", "spool", "rules")
-SIDECAR_KEYS_OPTIONAL = ("peers", "listen", "tls", "metrics")
+SIDECAR_KEYS_OPTIONAL = ("peers", "listen", "tls", "metrics", "capture")
 SITE_ROLES = ("primary", "dr")
 FSYNC_POLICIES = ("never", "batch", "always")
 # 1 GiB: at 200-byte events, about five million events, minutes of a busy
@@ -286,6 +287,7 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
                         tls_node.location, f"'tls.{key}' names {path_value!r}, which is not a file"
                     )
                 tls[key] = path_value
+    capture = load_capture(fields["capture"], problems) if "capture" in fields else None
     problems.raise_if_any(ConfigError)
     if site is None or role is None or node_id is None or bus is None or rules is None:
         raise AssertionError("a missing value was not reported as a problem")
@@ -305,4 +307,5 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         tls_key=tls.get("key"),
         tls_ca=tls.get("ca"),
         metrics=metrics,
+        capture=capture,
     )

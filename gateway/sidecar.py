@@ -42,6 +42,7 @@ from cluster.bus import BusConfig, MemberId, ViewChange
 from cluster.node import SiteMember
 from cluster.state.views import applied
 from filters.matcher import RuleSet
+from gateway.capture import CaptureConfig, CaptureSink, capture_role
 from gateway.spool import Spool
 from gateway.tap import ReplEvent, Tap
 from protocol import cluster as pc
@@ -80,6 +81,7 @@ class SidecarConfig:
     tls_key: str | None = None
     tls_ca: str | None = None
     metrics: str | None = None
+    capture: CaptureConfig | None = None
 
 
 def describe_error(exc: BaseException) -> str:
@@ -119,6 +121,15 @@ class Sidecar(SiteMember):
         # Bounded by the spool: an overflow drops its oldest entries too.
         self._unacked: deque[tuple[int, int]] = deque()
         self._receiver_stats: Any = None
+        self.capture: CaptureSink | None = None
+        if config.capture is not None:
+            self.capture = CaptureSink(
+                config.capture,
+                site=config.site,
+                node=config.node,
+                identity=lambda: (capture_role(self.current_role()), self.state.incarnation),
+                rules=lambda: self.tap.rules,
+            )
 
     # ------------------------------------------------------------------
     # Roles
@@ -163,6 +174,8 @@ class Sidecar(SiteMember):
         if isinstance(cmd, pc.MemberReady):
             self._roles_may_have_changed()
         if not self.config.primary:
+            if own and self.capture is not None and isinstance(cmd, pc.Replicated):
+                self.capture.ingested(cmd, effects, self.state.cseq)
             return
         if isinstance(cmd, pc.AckWatermark) and self.spool is not None and not own:
             if cmd.origin_cluster == self.config.site:
@@ -170,6 +183,8 @@ class Sidecar(SiteMember):
                 self._forget_acked(cmd.cseq)
             return
         event = self.tap.on_command(self.state, cmd, effects, int(time.time() * 1e6))
+        if self.capture is not None:
+            self.capture.tapped(cmd, effects, event, self.state.cseq, self.tap.rules)
         if event is not None:
             self._events.append(event)
 
@@ -194,6 +209,8 @@ class Sidecar(SiteMember):
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            if self.capture is not None:
+                await nursery.start(self.capture.serve)
             await nursery.start(self.serve_member)
             # Events tapped before the spool opens were part of the snapshot
             # or of the genesis; the spool starts above the current cseq.
@@ -333,12 +350,16 @@ class Sidecar(SiteMember):
                 if welcomed and not sender.window_full:
                     for seq, time_us, payload in self.spool.read_after(last_queued, REPLAY_BYTES):
                         sender.send_event(link.LinkEvent(seq, time_us, payload))
+                        if self.capture is not None:
+                            self.capture.forwarded(sender, seq, payload)
                         last_queued = seq
                 now = trio.current_time()
                 out = sender.data_to_send(now)
                 if out:
                     await stream.send_all(out)
                 self._sender_stats = sender.statistics()
+                if self.capture is not None:
+                    self.capture.forwarded_sent(sender, self._sender_stats)
                 deadline = sender.tick(trio.current_time())
                 wake = trio.Event()
                 spooled = self._spooled
