@@ -102,6 +102,7 @@ class BrokerConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
+    metrics: str | None = None  # observability HOST:PORT (served by gateway/commands/broker.py)
 
 
 @dataclass(slots=True)
@@ -696,6 +697,28 @@ class BrokerNode(SiteMember):
             "node": self.config.node,
             "member": str(self.me),
             **describe(self.state),
+        }
+
+    def statistics(self) -> dict[str, Any]:
+        """A plain snapshot for the observability endpoint (schema: gateway/metrics.py).
+
+        Only plain data: the gateway turns it into Prometheus metrics; this
+        module does not import prometheus-client.  A broker has no role, tap,
+        link or spool: those sections are absent.
+        """
+        membership = self.membership
+        return {
+            "site": self.config.cluster,
+            "node": self.config.node,
+            "process": "broker",
+            "cseq": self.state.cseq,
+            "bus": {
+                "view_size": 0 if membership is None else len(membership.members),
+                "quorate": True if membership is None else membership.quorate,
+                "members": len(self.state.ready),
+            },
+            "merge": dict(self.state.counters),
+            "last_error": "",
         }
 
 

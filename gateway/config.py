@@ -19,6 +19,7 @@ Broker config (``drgate broker --config FILE``)::
         cert: /etc/drgate/broker.pem
         key: /etc/drgate/broker.key
         ca: /etc/drgate/ca.pem
+    metrics: 0.0.0.0:9465      # optional: /metrics and /status (docs/observability.md)
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
         problems,
         what="the broker config",
         required=("cluster", "node", "bus"),
-        optional=("amqp",),
+        optional=("amqp", "metrics"),
     )
     if fields is None:
         problems.raise_if_any(ConfigError)
@@ -141,6 +142,11 @@ def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
                             "give the path of a PEM file",
                         )
                     tls[key] = text_value
+    metrics = None
+    if "metrics" in fields:
+        metrics = expect_str(fields["metrics"], problems, what="'metrics'")
+        if metrics is not None:
+            parse_hostport(metrics, fields["metrics"], problems, what="'metrics'")
     problems.raise_if_any(ConfigError)
     if cluster is None or node_id is None or bus is None:
         raise AssertionError("a missing value was not reported as a problem")
@@ -153,6 +159,7 @@ def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
         tls_cert=tls.get("cert"),
         tls_key=tls.get("key"),
         tls_ca=tls.get("ca"),
+        metrics=metrics,
     )
 
 

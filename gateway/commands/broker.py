@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import signal
 
@@ -10,6 +11,7 @@ import trio
 
 from cluster.node import BrokerConfig, BrokerNode
 from gateway.config import load_broker_config
+from gateway.logs import FORMATS, configure_logging
 
 NAME = "broker"
 HELP = "run a broker node: joins the site bus and serves AMQP 1.0 clients"
@@ -20,14 +22,19 @@ SHUTDOWN_GRACE_S = 5.0
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="broker config (YAML)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    parser.add_argument(
+        "--log-format", default="kv", choices=list(FORMATS), help="log lines: key=value or JSON"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_broker_config(args.config)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format=f"%(asctime)s level=%(levelname)s site={config.cluster} node={config.node} "
-        "role=broker %(name)s: %(message)s",
+    configure_logging(
+        args.log_format,
+        args.log_level,
+        site=config.cluster,
+        node=config.node,
+        role_getter=lambda: "broker",
     )
     trio.run(serve_broker, config)
     return 0
@@ -38,6 +45,16 @@ async def serve_broker(config: BrokerConfig) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             port = await nursery.start(node.serve)
+            if config.metrics is not None:
+                from gateway.httpserver import serve_http
+
+                host, _, metrics_port = config.metrics.rpartition(":")
+                bound = await nursery.start(
+                    functools.partial(
+                        serve_http, host.strip("[]"), int(metrics_port), snapshot=node.statistics
+                    )
+                )
+                print(f"drgate broker: metrics on {host}:{bound}", flush=True)
             print(
                 f"drgate broker: node {config.node} of {config.cluster} ready, amqp port {port}",
                 flush=True,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import signal
 
 import trio
 
 from gateway.config import load_sidecar_config
+from gateway.logs import FORMATS, configure_logging
 from gateway.sidecar import Sidecar, SidecarConfig
 
 NAME = "run"
@@ -19,21 +21,29 @@ SHUTDOWN_GRACE_S = 5.0
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="sidecar config (YAML)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    parser.add_argument(
+        "--log-format", default="kv", choices=list(FORMATS), help="log lines: key=value or JSON"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_sidecar_config(args.config)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format=f"%(asctime)s level=%(levelname)s site={config.site} node={config.node} "
-        "process=sidecar %(name)s: %(message)s",
-    )
-    trio.run(serve_sidecar, config)
+    configure_logging(args.log_format, args.log_level, site=config.site, node=config.node)
+    trio.run(functools.partial(serve_sidecar, config, log_format=args.log_format))
     return 0
 
 
-async def serve_sidecar(config: SidecarConfig) -> None:
+async def serve_sidecar(config: SidecarConfig, *, log_format: str | None = None) -> None:
     sidecar = Sidecar(config)
+    if log_format is not None:
+        # Now that the sidecar exists, every line carries its current role.
+        configure_logging(
+            log_format,
+            logging.getLogger().level,
+            site=config.site,
+            node=config.node,
+            role_getter=sidecar.current_role,
+        )
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(sidecar.serve)
