@@ -22,7 +22,12 @@ bind / unbind    every mode but ``none`` (exchanges are always declared)
 publish          ``full``/``enqueue``: one ``Enqueue`` per routed queue, with
                  P's ``pos``; per-message rules may drop it (size, header)
 accept / purge   ``full`` only: a ``Dequeue`` of P's positions
-rules switch     applied at this cseq; no event
+rules switch     applied at this cseq; for each queue whose mode changed to
+                 anything but ``none``: its declare in the new mode, and when
+                 it did not forward messages before (or goes ``enqueue`` to
+                 ``full``), its bindings and current messages: a per-queue
+                 resync cut at the switch's cseq (``full`` from ``enqueue``
+                 first deletes D's copy, which it replaces)
 ===============  ============================================================
 
 The tap is pure: time is passed in, counters are plain ints read by
@@ -101,7 +106,7 @@ class Tap:
         elif isinstance(cmd, pc.Accept | pc.Purge):
             self._dequeues(effects, items)
         elif isinstance(cmd, pc.QueueDeclare):
-            self._declare(effects, items)
+            self._declare(state, effects, items)
         elif isinstance(cmd, pc.QueueDelete):
             self._delete(effects, items)
         elif isinstance(cmd, pc.Bind | pc.Unbind):
@@ -118,7 +123,9 @@ class Tap:
             if not any(isinstance(e, st.Refused) for e in effects):
                 items.append((Mode.WIRING, cmd))
         elif isinstance(cmd, pc.RulesSwitch):
+            before = self._modes(state)
             self._switch(state, cmd)
+            self._mode_changes(state, before, items)
         if not items:
             return None
         for mode, _ in items:
@@ -147,10 +154,76 @@ class Tap:
     def _filtered(self, decision: Decision) -> None:
         self.filtered[(decision.mode.label, decision.rule_name)] += 1
 
-    def _declare(self, effects: Sequence[Any], items: list[tuple[Mode, pc.Command]]) -> None:
+    def _modes(self, state: SiteState) -> dict[str, Mode]:
+        return {
+            name: d.mode
+            for name in state.queues
+            if (d := self.rules.decisions.get(name)) is not None
+        }
+
+    def _mode_changes(
+        self, state: SiteState, before: dict[str, Mode], items: list[tuple[Mode, pc.Command]]
+    ) -> None:
+        """Items that bring D up to date with queues whose mode changed."""
+        for q in state.queues.values():
+            decision = self.rules.decide_queue(q.name, q.args)
+            self._queue_change(state, q, before.get(q.name, Mode.NONE), decision, items)
+
+    def _queue_change(
+        self,
+        state: SiteState,
+        q: Any,
+        old: Mode,
+        decision: Decision,
+        items: list[tuple[Mode, pc.Command]],
+    ) -> None:
+        """One queue's mode went from ``old`` to ``decision.mode``."""
+        new = decision.mode
+        if new in (old, Mode.NONE):
+            return
+        target = decision.target_name
+        if old == Mode.ENQUEUE and new == Mode.FULL:
+            items.append((new, pc.QueueDelete(target)))
+        items.append((new, pc.QueueDeclare(target, dict(q.args))))
+        if old in (Mode.NONE,) or (old == Mode.ENQUEUE and new == Mode.FULL):
+            for x in state.exchanges.values():
+                for queue, key in x.bindings:
+                    if queue == q.name and x.name != "":
+                        items.append(
+                            (new, pc.Bind(x.name, target, key, dict(x.bindings[(queue, key)])))
+                        )
+        if new in MESSAGE_MODES and (old not in MESSAGE_MODES or new == Mode.FULL):
+            for m in q.messages.values():
+                message = self.rules.decide_message(
+                    q.name, q.args, "", q.name, m.properties, len(m.body)
+                )
+                if isinstance(message, Drop) or message.mode not in MESSAGE_MODES:
+                    continue
+                items.append(
+                    (
+                        new,
+                        pc.Enqueue(
+                            target,
+                            m.pos,
+                            m.body,
+                            m.message_id,
+                            dict(m.properties or {}),
+                            m.redelivered,
+                        ),
+                    )
+                )
+
+    def _declare(
+        self, state: SiteState, effects: Sequence[Any], items: list[tuple[Mode, pc.Command]]
+    ) -> None:
         for e in effects:
             if isinstance(e, st.QueueDeclared):
+                previous = None if e.created else self.rules.decisions.get(e.queue)
                 decision = self.rules.decide_queue(e.queue, e.args)
+                q = state.queues.get(e.queue)
+                if previous is not None and previous.mode != decision.mode and q is not None:
+                    self._queue_change(state, q, previous.mode, decision, items)
+                    continue
                 if decision.mode == Mode.NONE:
                     self._filtered(decision)
                     continue

@@ -104,6 +104,7 @@ class Kind(enum.IntEnum):
     ACK_WATERMARK = 21
     MEMBER_READY = 22
     GENESIS = 23
+    RESYNC_APPLY = 24
 
 
 class ExchangeType(enum.IntEnum):
@@ -213,6 +214,11 @@ _META = {
     Kind.MEMBER_READY: _meta("role" / Int8ub, "node" / Int32ub, "pid" / Int32ub),
     # GENESIS key=cluster id meta: incarnation u64
     Kind.GENESIS: _meta("incarnation" / Int64ub),
+    # RESYNC_APPLY key=origin cluster meta: incarnation u64 | cut u64 | epoch u32
+    #     | origin_time_us u64          tail: the snapshot (see encode_snapshot)
+    Kind.RESYNC_APPLY: _meta(
+        "incarnation" / Int64ub, "cut" / Int64ub, "epoch" / Int32ub, "origin_time_us" / Int64ub
+    ),
 }
 
 # --------------------------------------------------------------------------
@@ -527,6 +533,30 @@ class Replicated:
         return self.origin_cluster
 
 
+@dataclass(frozen=True, slots=True)
+class ResyncApply:
+    """A resync snapshot of ``origin_cluster``'s replicated queues, cut at its
+    ``cut`` cseq, applied by every member at this one point of the stream.
+
+    ``snapshot`` is a sequence of ``u32 length | bus frame`` records (see
+    :func:`encode_snapshot`); each frame holds ``Replicated`` commands whose
+    inner commands (exchange and queue declares, binds, enqueues) describe
+    the origin's state at the cut.  It stays opaque bytes until applied.
+    """
+
+    KIND: ClassVar[Kind] = Kind.RESYNC_APPLY
+    origin_cluster: str
+    incarnation: int
+    cut: int
+    epoch: int
+    origin_time_us: int
+    snapshot: Body = b""
+
+    @property
+    def key(self) -> str:
+        return self.origin_cluster
+
+
 Command: TypeAlias = (
     QueueDeclare
     | QueueDelete
@@ -551,6 +581,7 @@ Command: TypeAlias = (
     | AckWatermark
     | MemberReady
     | Genesis
+    | ResyncApply
 )
 
 
@@ -668,6 +699,13 @@ def _meta_fields(cmd: Command) -> tuple[dict[str, Any], Body]:
         return {"role": int(cmd.role), "node": cmd.node, "pid": cmd.pid}, b""
     if isinstance(cmd, Genesis):
         return {"incarnation": cmd.incarnation}, b""
+    if isinstance(cmd, ResyncApply):
+        return {
+            "incarnation": cmd.incarnation,
+            "cut": cmd.cut,
+            "epoch": cmd.epoch,
+            "origin_time_us": cmd.origin_time_us,
+        }, cmd.snapshot
     raise LocalProtocolError(f"not a bus command: {cmd!r}")
 
 
@@ -920,4 +958,48 @@ _BUILD: dict[int, Any] = {
         Kind.MEMBER_READY, lambda k, m: MemberReady(Role(m.role), m.node, m.pid)
     ),
     Kind.GENESIS: _tailless(Kind.GENESIS, lambda k, m: Genesis(k, m.incarnation)),
+    Kind.RESYNC_APPLY: lambda k, m, tail: ResyncApply(
+        k, m.incarnation, m.cut, m.epoch, m.origin_time_us, tail
+    ),
 }
+
+
+# --------------------------------------------------------------------------
+# Resync snapshots (the tail of ResyncApply)
+# --------------------------------------------------------------------------
+
+#   length u32 (of the bus frame that follows)
+SNAPSHOT_RECORD = struct.Struct(">I")
+
+
+def encode_snapshot_record(commands: Sequence[Replicated]) -> bytes:
+    """One snapshot record: ``u32 length | bus frame`` of ``commands``.
+
+    A snapshot is the concatenation of records, so it can be cut into link
+    chunks at record boundaries and joined again by plain concatenation."""
+    frame = encode_frame(commands)
+    return SNAPSHOT_RECORD.pack(len(frame)) + frame
+
+
+def iter_snapshot_untrusted(snapshot: bytes | memoryview) -> Iterator[Replicated]:
+    """The ``Replicated`` commands of a snapshot, in order.  Fails only with
+    :class:`RemoteProtocolError` (a truncated record, a bad frame, a command
+    that is not ``Replicated``)."""
+    view = memoryview(snapshot)
+    offset = 0
+    while offset < len(view):
+        if offset + SNAPSHOT_RECORD.size > len(view):
+            raise RemoteProtocolError(f"snapshot truncated at byte {offset}: no record length")
+        (length,) = SNAPSHOT_RECORD.unpack_from(view, offset)
+        offset += SNAPSHOT_RECORD.size
+        if offset + length > len(view):
+            raise RemoteProtocolError(
+                f"snapshot record at byte {offset} of {length} bytes goes past the end"
+            )
+        for cmd in decode_frame_untrusted(view[offset : offset + length]):
+            if not isinstance(cmd, Replicated):
+                raise RemoteProtocolError(
+                    f"snapshot holds a {type(cmd).__name__} command; only Replicated may appear"
+                )
+            yield cmd
+        offset += length

@@ -80,12 +80,15 @@ from protocol.cluster import (
     QueueDelete,
     Release,
     Replicated,
+    ResyncApply,
     RulesSwitch,
     SessionClose,
     SessionOpen,
     StateChunk,
     Unbind,
+    iter_snapshot_untrusted,
 )
+from protocol.errors import DrgateError
 from protocol.modes import Mode
 
 REPLICATE_ARG = "qpid.replicate"
@@ -1037,3 +1040,109 @@ _REMOTE: dict[type, Callable[[SiteState, str, Mode, Any, Effects], None]] = {
 }
 """The inner commands a ``Replicated`` command may carry; any other kind is
 skipped and counted as ``replicated_unsupported``."""
+
+
+# --------------------------------------------------------------------------
+# Resync: a snapshot of an origin's replicated queues, applied at one point
+# --------------------------------------------------------------------------
+
+
+def _resync_apply(state: SiteState, cmd: ResyncApply, sender: Sender | None, eff: Effects) -> None:
+    """Replace what this site holds of ``cmd.origin_cluster`` by its snapshot.
+
+    Checked like a ``Replicated`` command first (own origin, R7 fencing, the
+    accepted incarnation, R1 by the cut), and the snapshot is decoded whole
+    before anything changes, so a bad snapshot changes nothing.  Then:
+    replicas of the origin absent from the snapshot are deleted; ``full``
+    replicas (and a queue changing to ``full``) are deleted and re-created
+    with the origin's messages and positions; ``enqueue`` and ``wiring``
+    replicas are kept and their bindings replaced; ``enqueue`` queues take
+    only messages above their ``high_pos`` mark (so nothing this site's
+    consumers took comes back), the mark starting again from 0 when the
+    incarnation is new to this site.  ``applied[incarnation]`` becomes the cut.
+    """
+
+    def outcome(o: Outcome) -> None:
+        eff.append(ReplicatedOutcome(cmd.origin_cluster, cmd.incarnation, cmd.cut, cmd.epoch, o))
+
+    origin = cmd.origin_cluster
+    if state.cluster and origin == state.cluster:
+        state.count("own_origin_refused")
+        outcome(Outcome.OWN_ORIGIN)
+        return
+    o = _origin(state, origin)
+    if cmd.epoch < o.epoch or (o.promoted and cmd.epoch == o.epoch):
+        state.count("r7_fenced")
+        outcome(Outcome.FENCED)
+        return
+    if o.incarnation not in (0, cmd.incarnation):
+        state.count("incarnation_refused")
+        o.refused_incarnation = cmd.incarnation
+        outcome(Outcome.INCARNATION)
+        return
+    if cmd.cut <= o.applied.get(cmd.incarnation, 0):
+        state.count("r1_duplicates")
+        outcome(Outcome.DUPLICATE)
+        return
+    try:
+        records = list(iter_snapshot_untrusted(cmd.snapshot))
+    except DrgateError:
+        state.count("ignored")
+        return
+    new_incarnation = cmd.incarnation not in o.applied
+    # The snapshot, in its order: exchanges, then per queue its declare,
+    # bindings and messages.
+    exchanges: dict[str, ExchangeDeclare] = {}
+    declares: dict[str, tuple[Mode, QueueDeclare]] = {}
+    rest: list[tuple[Mode, Command]] = []
+    for record in records:
+        for mode, inner in zip(record.modes, record.commands, strict=False):
+            if isinstance(inner, ExchangeDeclare):
+                exchanges[inner.exchange] = inner
+            elif isinstance(inner, QueueDeclare):
+                declares[inner.queue] = (mode, inner)
+            elif isinstance(inner, Bind | Enqueue):
+                rest.append((mode, inner))
+            else:
+                state.count("replicated_unsupported")
+    for name in [
+        n
+        for n, x in state.exchanges.items()
+        if x.replica_origin == origin and not x.predeclared and n not in exchanges
+    ]:
+        del state.exchanges[name]
+    for x in exchanges.values():
+        _r_exchange_declare(state, origin, Mode.WIRING, x, eff)
+    for q in [q for q in state.queues.values() if q.replica is not None]:
+        assert q.replica is not None
+        if q.replica.origin != origin:
+            continue
+        wanted = declares.get(q.name)
+        if wanted is None or wanted[0] == Mode.FULL or q.replica.mode == Mode.FULL:
+            _delete_queue(state, q, eff)
+        else:
+            _drop_bindings_to(state, q.name)
+            if new_incarnation:
+                q.replica.high_pos = 0
+    for mode, declare in declares.values():
+        _r_queue_declare(state, origin, mode, declare, eff)
+    for mode, inner in rest:
+        if isinstance(inner, Bind):
+            _r_bind(state, origin, mode, inner, eff)
+        else:
+            assert isinstance(inner, Enqueue)
+            _r_enqueue(state, origin, mode, inner, eff)
+    o.incarnation = cmd.incarnation
+    if o.refused_incarnation == cmd.incarnation:
+        o.refused_incarnation = 0
+    if cmd.epoch > o.epoch:
+        o.epoch = cmd.epoch
+        o.promoted = False
+    o.applied[cmd.incarnation] = cmd.cut
+    o.last_time_us = cmd.origin_time_us
+    o.last_cseq = state.cseq
+    state.count("replicated_applied")
+    outcome(Outcome.APPLIED)
+
+
+_LOCAL[ResyncApply] = _resync_apply

@@ -60,6 +60,7 @@ simple_commands = st.one_of(
     st.builds(c.AckWatermark, names, u64, u64, u64),
     st.builds(c.MemberReady, st.sampled_from(Role), u32, u32),
     st.builds(c.Genesis, names, u64),
+    st.builds(c.ResyncApply, names, u64, u64, u32, u64, bodies),
 )
 
 
@@ -139,6 +140,26 @@ SAMPLES: dict[str, c.Command] = {
     "ack_watermark": c.AckWatermark("site-p", 0x1122334455667788, 999, 1_700_000_000_000_000),
     "member_ready": c.MemberReady(Role.SIDECAR, 3, 4711),
     "genesis": c.Genesis("site-p", 0x1122334455667788),
+    "resync_apply": c.ResyncApply(
+        "site-p",
+        0x1122334455667788,
+        1000,
+        1,
+        1_700_000_000_000_000,
+        c.encode_snapshot_record(
+            [
+                c.Replicated(
+                    "site-p",
+                    0x1122334455667788,
+                    1000,
+                    1,
+                    1_700_000_000_000_000,
+                    (Mode.FULL, Mode.FULL),
+                    (c.QueueDeclare("orders", {}), c.Enqueue("orders", 7, b"body", "m-7", {})),
+                )
+            ]
+        ),
+    ),
 }
 
 
@@ -246,3 +267,16 @@ def test_a_named_session_command_is_refused() -> None:
     ) + rest
     with pytest.raises(RemoteProtocolError, match="empty name"):
         c.decode_frame_untrusted(frame)
+
+
+def test_snapshot_records_round_trip_and_refuse_damage() -> None:
+    inner = c.Replicated(
+        "site-p", 1, 5, 1, 0, (Mode.WIRING,), (c.QueueDeclare("q", {"a": 1}),)
+    )
+    snapshot = c.encode_snapshot_record([inner]) + c.encode_snapshot_record([inner, inner])
+    assert list(c.iter_snapshot_untrusted(snapshot)) == [inner, inner, inner]
+    with pytest.raises(RemoteProtocolError, match="goes past the end"):
+        list(c.iter_snapshot_untrusted(snapshot[:-1]))
+    frame = c.encode_frame([c.Purge("q")])
+    with pytest.raises(RemoteProtocolError, match="only Replicated"):
+        list(c.iter_snapshot_untrusted(c.SNAPSHOT_RECORD.pack(len(frame)) + frame))
