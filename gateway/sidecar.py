@@ -42,12 +42,13 @@ from cluster.bus import BusConfig, MemberId, ViewChange
 from cluster.node import SiteMember
 from cluster.state.views import applied
 from filters.matcher import RuleSet
+from gateway import resync as rs
 from gateway.capture import CaptureConfig, CaptureSink, capture_role
 from gateway.spool import Spool
 from gateway.tap import ReplEvent, Tap
 from protocol import cluster as pc
 from protocol import link
-from protocol.errors import DrgateError, RemoteProtocolError
+from protocol.errors import DrgateError, LinkError, RemoteProtocolError
 from protocol.modes import Role
 
 log = logging.getLogger("drgate.sidecar")
@@ -121,6 +122,15 @@ class Sidecar(SiteMember):
         # Bounded by the spool: an overflow drops its oldest entries too.
         self._unacked: deque[tuple[int, int]] = deque()
         self._receiver_stats: Any = None
+        # Resync progress (egress: chunks acked; ingress: chunks buffered).
+        self.resyncs = 0
+        self.resync_active = False
+        self.resync_chunks = 0
+        self.resync_chunks_done = 0
+        self.resync_bytes = 0
+        self.resync_messages = 0
+        self._resync_cut = 0
+        self._refusal = ""  # the last non-retriable refusal by D, until a WELCOME
         self.capture: CaptureSink | None = None
         if config.capture is not None:
             self.capture = CaptureSink(
@@ -279,8 +289,17 @@ class Sidecar(SiteMember):
                 await self._run_egress(stream, address)
                 backoff = BACKOFF_MIN_S
             except Exception as exc:  # any failure of one connection: log, back off, retry
-                self.last_error = f"link to {address}: {describe_error(exc)}"
-                log.warning("egress: %s", self.last_error)
+                error = f"link to {address}: {describe_error(exc)}"
+                refused = isinstance(exc, LinkError) and not exc.retriable
+                if refused:
+                    # D refused for a reason only an operator can fix (promoted,
+                    # new incarnation): keep saying so while standbys answer
+                    # "not active", and retry slowly.
+                    self._refusal = error
+                    backoff = BACKOFF_MAX_S
+                if refused or not self._refusal:
+                    self.last_error = error
+                log.warning("egress: %s", error)
             self.link_state = "down"
             self.reconnects += 1
             if index % len(self.config.peers) == 0:
@@ -323,18 +342,20 @@ class Sidecar(SiteMember):
                     if isinstance(ev, link.Welcome):
                         welcomed = True
                         self.link_state = "up"
+                        self._refusal = ""
                         last_queued = ev.resume_from
-                        fresh = ev.resume_from == 0 and self._clean_floor == self.spool.floor
-                        if fresh:
-                            last_queued = self.spool.floor
-                        elif self.spool.needs_resync(ev.resume_from):
-                            self.last_error = (
-                                f"D ({address}) has applied up to {ev.resume_from}, but this "
-                                f"spool starts above {self.spool.floor}: D needs a resync"
-                            )
-                            raise DrgateError(self.last_error)
+                        # D applied nothing of this incarnation (a new D, or one
+                        # that accepted a new incarnation), or less than the
+                        # spool reaches back to: a snapshot cut at our cseq.
+                        if ev.resume_from == 0 or self.spool.needs_resync(ev.resume_from):
+                            last_queued = await self._send_resync(sender, address, ev.resume_from)
                         log.info("egress: link up to %s, resuming after %d", address, last_queued)
                     elif isinstance(ev, link.Acked):
+                        if self.resync_active:
+                            self.resync_chunks_done = ev.resync_chunks
+                            if ev.seq >= self._resync_cut:
+                                self.resync_active = False
+                                log.info("egress: resync cut at %d applied by D", ev.seq)
                         self.acked_seq = ev.seq
                         self.spool.trim(ev.seq)
                         self._forget_acked(ev.seq)
@@ -342,7 +363,11 @@ class Sidecar(SiteMember):
                     elif isinstance(ev, link.PongReceived):
                         self.rtt = ev.rtt
                     elif isinstance(ev, link.PeerError):
-                        raise DrgateError(f"{address} refused the link: {ev.text}")
+                        raise LinkError(
+                            f"{address} refused the link: {ev.text}",
+                            code=ev.code,
+                            retriable=ev.retriable,
+                        )
                     elif isinstance(ev, link.Stalled):
                         raise DrgateError(f"{address} silent for {ev.silent_for:.1f} s")
                     elif isinstance(ev, link.ConnectionClosed):
@@ -377,6 +402,40 @@ class Sidecar(SiteMember):
                         waits.start_soon(first, wake)
                         waits.start_soon(first, spooled)
                         waits.start_soon(first, role_changed)
+
+    async def _send_resync(self, sender: link.LinkSender, address: str, resume: int) -> int:
+        """Queue a resync snapshot cut at the current cseq; returns the cut."""
+        assert self.spool is not None
+        plan = rs.plan_snapshot(self.state, self.tap.rules)  # synchronous: the cut
+        self._resync_cut = plan.cut
+        log.info(
+            "egress: D (%s) applied up to %d, spool floor %d: resync cut at %d, %d messages",
+            address,
+            resume,
+            self.spool.floor,
+            plan.cut,
+            plan.messages,
+        )
+        records = await rs.encode_snapshot(
+            plan,
+            self.tap.rules,
+            origin=self.config.site,
+            epoch=self.tap.epoch,
+            time_us=int(time.time() * 1e6),
+        )
+        chunks = rs.chunk_records(records)
+        total = sum(len(c) for c in chunks)
+        self.resyncs += 1
+        self.resync_active = True
+        self.resync_chunks = len(chunks)
+        self.resync_chunks_done = 0
+        self.resync_bytes += total
+        self.resync_messages = plan.messages
+        sender.begin_resync(plan.cut, total_chunks=len(chunks), total_bytes=total)
+        for chunk in chunks:
+            sender.send_chunk(chunk)
+        sender.end_resync()
+        return plan.cut
 
     def _replicated_state(self) -> bool:
         """Does the state hold anything the rules replicate (a queue of any
@@ -443,9 +502,14 @@ class Sidecar(SiteMember):
             nonlocal wake
             async for last_seq, commands in to_apply:
                 await self.submit_and_wait(*commands)
-                self.ingested += len(commands)
+                if isinstance(commands[0], pc.ResyncApply):
+                    self._check_resync_applied(commands[0])
+                else:
+                    self.ingested += len(commands)
                 receiver.ack(last_seq)
                 wake.set()
+
+        collector: rs.ResyncCollector | None = None
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(applier)
@@ -484,6 +548,38 @@ class Sidecar(SiteMember):
                         break
                     if isinstance(ev, link.Hello):
                         await stream.send_all(self._answer_hello(receiver, ev))
+                    elif isinstance(ev, link.ResyncBegin):
+                        hello = receiver.hello
+                        assert hello is not None
+                        collector = rs.ResyncCollector(
+                            hello.origin_cluster,
+                            hello.incarnation,
+                            ev.epoch,
+                            ev.cut_seq,
+                            ev.total_bytes,
+                        )
+                        self.resyncs += 1
+                        self.resync_active = True
+                        self.resync_chunks = ev.total_chunks
+                        self.resync_chunks_done = 0
+                        log.info(
+                            "ingress: resync from %s cut at %d: %d chunks, %d bytes",
+                            hello.origin_cluster,
+                            ev.cut_seq,
+                            ev.total_chunks,
+                            ev.total_bytes,
+                        )
+                    elif isinstance(ev, link.ResyncChunk):
+                        assert collector is not None
+                        collector.add(ev.data)
+                        self.resync_bytes += len(ev.data)
+                        self.resync_chunks_done += 1
+                        receiver.ack_chunk()  # buffered; nothing applied before END
+                    elif isinstance(ev, link.ResyncEnd):
+                        assert collector is not None
+                        command = collector.command()
+                        collector = None
+                        await to_apply_send.send((ev.cut_seq, [command]))
                     elif isinstance(ev, link.EventsReceived):
                         commands: list[pc.Command] = []
                         for event in ev.events:
@@ -499,6 +595,20 @@ class Sidecar(SiteMember):
                         raise DrgateError(f"the egress was silent for {ev.silent_for:.1f} s")
                     elif isinstance(ev, link.ConnectionClosed):
                         raise trio.BrokenResourceError("the egress closed the link")
+
+    def _check_resync_applied(self, cmd: pc.ResyncApply) -> None:
+        """After D's bus applied a ResyncApply: did it take (else do not ack)?"""
+        self.resync_active = False
+        done = applied(self.state, cmd.origin_cluster, cmd.incarnation)
+        if done < cmd.cut:
+            origin = self.state.origins.get(cmd.origin_cluster)
+            raise DrgateError(
+                f"the resync from {cmd.origin_cluster} cut at {cmd.cut} was not applied by "
+                f"{self.config.site} (applied {done}; epoch "
+                f"{None if origin is None else origin.epoch}, incarnation "
+                f"{None if origin is None else origin.incarnation})"
+            )
+        log.info("ingress: resync from %s cut at %d applied", cmd.origin_cluster, cmd.cut)
 
     def _answer_hello(self, receiver: link.LinkReceiver, hello: link.Hello) -> bytes:
         role = self.current_role()
@@ -520,11 +630,46 @@ class Sidecar(SiteMember):
                 f"got {hello.origin_cluster} -> {hello.target_cluster}",
                 retriable=False,
             )
+        refusal = self._fence(receiver, hello)
+        if refusal is not None:
+            return refusal
         resume = applied(self.state, hello.origin_cluster, hello.incarnation)
         self.link_state = "up"
         self.peer = hello.origin_cluster
         log.info("ingress: link up from %s, resuming after %d", hello.origin_cluster, resume)
         return receiver.accept(resume, hello.window_bytes, trio.current_time())
+
+    def _fence(self, receiver: link.LinkReceiver, hello: link.Hello) -> bytes | None:
+        """Refuse a HELLO from a primary this site was promoted over (R7) or
+        from an incarnation it has not accepted; None to go on."""
+        origin = self.state.origins.get(hello.origin_cluster)
+        if origin is None:
+            return None
+        if hello.epoch < origin.epoch or (origin.promoted and hello.epoch == origin.epoch):
+            when = time.strftime(
+                "%Y-%m-%d %H:%M:%S UTC", time.gmtime(origin.promoted_time_us / 1e6)
+            )
+            text = (
+                f"{self.config.site} was promoted at {when} (epoch {origin.epoch}); it no longer "
+                f"accepts {hello.origin_cluster}'s stream of epoch {hello.epoch}. This primary "
+                f"is stale: stop it, or make it the DR site of {self.config.site} "
+                "(docs/operations.md, 'When the primary comes back')"
+            )
+            self.last_error = f"ingress: refused {hello.origin_cluster}: {text}"
+            return receiver.refuse(int(link.LinkErrorCode.STALE_EPOCH), text, retriable=False)
+        if origin.incarnation not in (0, hello.incarnation):
+            text = (
+                f"{hello.origin_cluster} is incarnation {hello.incarnation}, but "
+                f"{self.config.site} replicates its incarnation {origin.incarnation} "
+                f"(applied up to cseq {origin.applied.get(origin.incarnation, 0)}). "
+                f"{hello.origin_cluster} restarted from nothing; {self.config.site}'s replicas "
+                "are kept as they are. To replace them by the new incarnation's state, run at "
+                f"{self.config.site}: drgate resync --accept-incarnation {hello.incarnation} "
+                f"--origin {hello.origin_cluster} --config <sidecar.yaml>"
+            )
+            self.last_error = f"ingress: refused {hello.origin_cluster}: {text}"
+            return receiver.refuse(rs.NEW_INCARNATION_CODE, text, retriable=False)
+        return None
 
     # ------------------------------------------------------------------
 
@@ -588,6 +733,19 @@ class Sidecar(SiteMember):
                     }
                 )
         stats["link"] = link_stats
+        stats["resync"] = {
+            "active": self.resync_active,
+            "total": self.resyncs,
+            "progress_ratio": (
+                self.resync_chunks_done / self.resync_chunks if self.resync_chunks else 0.0
+            ),
+            "bytes_total": self.resync_bytes,
+            "messages": self.resync_messages,
+        }
+        if not self.config.primary:
+            stats["origins"] = {
+                name: rs.origin_summary(o) for name, o in self.state.origins.items()
+            }
         if spool is not None:
             stats["spool"] = {
                 "bytes": spool.bytes,
