@@ -11,7 +11,10 @@ Each prints one JSON object on stdout: ``publish`` the counts of accepted and
 rejected messages (with the first rejection's text), ``consume`` the message
 ids received in order, ``describe`` the broker's queues and digest.
 Messages carry ids ``PREFIX-N`` (N from ``--start``) and the application
-property ``seq``.
+property ``seq``.  ``publish --rate R`` paces sending to R messages a second;
+``publish --stamp`` adds the property ``sent_at`` (wall-clock seconds at
+send), and ``consume`` then reports the lag (receive time minus ``sent_at``)
+per message in ``lags`` (the lab's machines share one clock).
 """
 
 from __future__ import annotations
@@ -19,11 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
+
+# How often a paced publisher wakes to send what its rate allows by then.
+PACE_TICK_S = 0.01
 
 
 class Publisher(MessagingHandler):  # type: ignore[misc]
@@ -37,11 +44,16 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
         size: int,
         subject: str | None,
         headers: dict[str, str],
+        rate: float = 0.0,
+        stamp: bool = False,
     ) -> None:
         super().__init__()
         self.url, self.address, self.count = url, address, count
         self.prefix, self.start, self.size = prefix, start, size
         self.subject, self.headers = subject, headers
+        self.rate, self.stamp = rate, stamp
+        self.began = 0.0
+        self.sender: Any = None
         self.sent = 0
         self.accepted = 0
         self.rejected = 0
@@ -50,14 +62,34 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
 
     def on_start(self, event: Any) -> None:
         conn = event.container.connect(self.url)
-        event.container.create_sender(conn, self.address)
+        self.sender = event.container.create_sender(conn, self.address)
+        self.began = time.monotonic()
+        if self.rate:
+            event.container.schedule(PACE_TICK_S, self)
+
+    def on_timer_task(self, event: Any) -> None:
+        # Paced sending: top up to what the rate allows by now.
+        if self.sent < self.count and self.sender is not None:
+            self._send(self.sender)
+            event.container.schedule(PACE_TICK_S, self)
 
     def on_sendable(self, event: Any) -> None:
-        while event.sender.credit and self.sent < self.count:
+        self._send(event.sender)
+
+    def _allowed(self) -> int:
+        if not self.rate:
+            return self.count
+        return min(self.count, int((time.monotonic() - self.began) * self.rate) + 1)
+
+    def _send(self, sender: Any) -> None:
+        allowed = self._allowed()
+        while sender.credit and self.sent < allowed:
             n = self.start + self.sent
-            props = {"seq": n, **self.headers}
+            props: dict[str, Any] = {"seq": n, **self.headers}
+            if self.stamp:
+                props["sent_at"] = time.time()
             body = f"{self.prefix}-{n}".ljust(self.size, ".")
-            event.sender.send(
+            sender.send(
                 Message(id=f"{self.prefix}-{n}", body=body, subject=self.subject, properties=props)
             )
             self.sent += 1
@@ -109,6 +141,7 @@ class Consumer(MessagingHandler):  # type: ignore[misc]
         self.hold = hold
         self.credit = credit
         self.ids: list[str] = []
+        self.lags: list[float] = []
         self.redelivered = 0
         self.error = ""
         self.timer: Any = None
@@ -139,6 +172,9 @@ class Consumer(MessagingHandler):  # type: ignore[misc]
         if event.message.delivery_count:
             self.redelivered += 1
         self.ids.append(str(event.message.id))
+        properties = event.message.properties or {}
+        if "sent_at" in properties:
+            self.lags.append(time.time() - float(properties["sent_at"]))
         if not self.hold:
             self.accept(event.delivery)
         self._arm(event.container)
@@ -165,6 +201,7 @@ class Consumer(MessagingHandler):  # type: ignore[misc]
         return {
             "received": len(self.ids),
             "ids": self.ids,
+            "lags": self.lags,
             "redelivered": self.redelivered,
             "error": self.error,
         }
@@ -204,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     pub.add_argument("--size", type=int, default=0, help="pad bodies to this many characters")
     pub.add_argument("--subject", default=None, help="routing key when sending to an exchange")
     pub.add_argument("--header", action="append", default=[], metavar="K=V")
+    pub.add_argument("--rate", type=float, default=0.0, help="messages a second (0: unpaced)")
+    pub.add_argument("--stamp", action="store_true", help="add the property sent_at")
     con = sub.add_parser("consume")
     con.add_argument("url")
     con.add_argument("address")
@@ -228,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             args.size,
             args.subject,
             headers,
+            args.rate,
+            args.stamp,
         )
     elif args.op == "consume":
         handler = Consumer(args.url, args.address, args.count, args.idle, args.credit, args.hold)
