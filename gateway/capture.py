@@ -141,6 +141,7 @@ def load_capture(node: Node, problems: Problems) -> CaptureConfig | None:
           segment_max_age_s: 300
           retention_bytes: 4294967296
     """
+    errors_before = len(problems.errors)
     fields = check_keys(
         node,
         problems,
@@ -213,7 +214,7 @@ def load_capture(node: Node, problems: Problems) -> CaptureConfig | None:
             "keep at least a few segments: retention_bytes >= 2 * segment_max_bytes",
         )
         ok = False
-    if not ok:
+    if not ok or len(problems.errors) > errors_before:
         return None
     return CaptureConfig(
         directory=directory,

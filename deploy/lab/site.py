@@ -296,6 +296,7 @@ class TwoSites:
         delay_ms: int = 0,
         rules: Path = LAB_RULES,
         metrics: bool = False,
+        capture_dir: str | Path | None = None,
     ) -> None:
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="twosites-"))
         self.p = BrokerSite("site-p", nodes=nodes, workdir=self.workdir / "p", group="site-p")
@@ -304,6 +305,8 @@ class TwoSites:
         self.delay_ms = delay_ms
         self.rules = rules
         self.metrics = metrics
+        # capture_dir: every sidecar records all three streams under it (gateway/capture.py)
+        self.capture_dir = Path(capture_dir) if capture_dir is not None else None
         self.d_listen = {n: free_port() for n in self.nodes}
         self.wan_listen = {n: free_port() for n in self.nodes}
         self.wan_control = {n: free_port() for n in self.nodes}
@@ -373,6 +376,8 @@ class TwoSites:
             lines.append(f"listen: 127.0.0.1:{self.d_listen[n]}")
         if self.metrics:
             lines.append("metrics: 127.0.0.1:0")
+        if self.capture_dir is not None:
+            lines.append(f"capture:\n  directory: {self.capture_dir / site.cluster}")
         path = site.workdir / f"sidecar-{n}.yaml"
         path.write_text("\n".join(lines) + "\n")
         return path
