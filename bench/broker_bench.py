@@ -1,0 +1,178 @@
+"""Broker throughput through one node: a 3-node site against a single-member site.
+
+    .venv/bin/python bench/broker_bench.py             # embedded bus; corosync too when root
+
+For each bus backend (``embedded`` always; ``corosync`` when this process is
+root and corosync is installed, in network namespaces via
+:class:`deploy.lab.netns.CorosyncSite`) and for each site size (3 brokers,
+then 1), the benchmark starts a site (deploy/lab/site.py), declares a queue
+and times Proton client processes (deploy/lab/client.py, Container API, up
+to 100 unsettled messages in flight):
+
+* publish: COUNT messages to the queue through node 1, each settled by the
+  broker only after its command came back on the site bus;
+* consume: the same COUNT messages from node 1, each accepted (an accept is
+  one more bus command: the dequeue is replicated too).
+
+A client process's start (interpreter, imports, connect, attach) is not
+message throughput, so each measurement is preceded by a warm-up run of
+WARMUP messages with the same client; "net" subtracts that run's wall time
+from the big run's (``COUNT - WARMUP`` messages over ``t_big - t_warm``).
+"raw" is COUNT over the whole wall time, start included.  "ratio" is the
+3-node net rate over the single-member net rate of the same backend: the
+cost of replicating every command to two more members.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from deploy.lab.netns import CorosyncSite, lab_unavailable_reason  # noqa: E402
+from deploy.lab.site import BrokerSite  # noqa: E402
+
+COUNT = 5000
+WARMUP = 10
+SIZE = 200
+CREDIT = 100
+QUEUE = "bench"
+
+
+@dataclass
+class Rate:
+    count: int
+    seconds: float
+    warm_seconds: float
+
+    @property
+    def raw(self) -> float:
+        return self.count / self.seconds
+
+    @property
+    def net(self) -> float:
+        # COUNT - WARMUP messages took (t_big - t_warm) beyond what the
+        # warm-up run (start, connect, WARMUP messages, close) took.
+        extra = self.seconds - self.warm_seconds
+        return (self.count - WARMUP) / extra if extra > 0 else float("inf")
+
+
+def timed_client(site: BrokerSite, node: int, *args: str) -> tuple[float, dict[str, object]]:
+    start = time.perf_counter()
+    result = site.client(node, *args, timeout=600)
+    return time.perf_counter() - start, result
+
+
+def publish(site: BrokerSite, count: int, prefix: str) -> float:
+    seconds, result = timed_client(
+        site, 1, "publish", site.amqp[1], QUEUE, "--count", str(count),
+        "--prefix", prefix, "--size", str(SIZE),
+    )  # fmt: skip
+    if result.get("accepted") != count:
+        raise SystemExit(f"publish of {count} failed: {result}")
+    return seconds
+
+
+def consume(site: BrokerSite, count: int) -> float:
+    # --idle is only the fallback stop; the client closes at --count.
+    seconds, result = timed_client(
+        site, 1, "consume", site.amqp[1], QUEUE, "--count", str(count),
+        "--idle", "60", "--credit", str(CREDIT),
+    )  # fmt: skip
+    if result.get("received") != count or result.get("error"):
+        raise SystemExit(f"consume of {count} failed: {result.get('error')!r}")
+    return seconds
+
+
+def measure(site: BrokerSite, count: int) -> tuple[Rate, Rate]:
+    done = site.admin(1, "add-queue", QUEUE, "--replicate", "full")
+    if done.returncode != 0:
+        raise SystemExit(f"add-queue failed: {done.stdout}{done.stderr}")
+    warm_pub = publish(site, WARMUP, "w")
+    warm_con = consume(site, WARMUP)
+    pub = publish(site, count, "m")
+    con = consume(site, count)
+    return Rate(count, pub, warm_pub), Rate(count, con, warm_con)
+
+
+@contextlib.contextmanager
+def site_on(backend: str, nodes: int, workdir: Path) -> Iterator[BrokerSite]:
+    if backend == "embedded":
+        with BrokerSite("bench", nodes=nodes, workdir=workdir) as site:
+            yield site
+        return
+    # One corosync node per broker: the single-member site is a one-node ring.
+    subnet, prefix = ("10.213.11", "dgR") if nodes > 1 else ("10.213.12", "dgS")
+    with (
+        CorosyncSite(f"bench{nodes}", nodes=nodes, subnet=subnet, prefix=prefix) as lab,
+        BrokerSite("bench", nodes=nodes, backend="corosync", corosync=lab, workdir=workdir) as site,
+    ):
+        yield site
+
+
+def corosync_reason() -> str | None:
+    import ctypes.util
+
+    reason = lab_unavailable_reason()
+    if reason is None and ctypes.util.find_library("cpg") is None:
+        reason = "libcpg is not installed"
+    return reason
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=COUNT)
+    parser.add_argument("--backend", action="append", choices=["embedded", "corosync"])
+    args = parser.parse_args()
+    backends = args.backend or ["embedded", "corosync"]
+    if "corosync" in backends and (reason := corosync_reason()) is not None:
+        print(f"corosync skipped: {reason}")
+        backends.remove("corosync")
+    results: dict[tuple[str, int], tuple[Rate, Rate]] = {}
+    with tempfile.TemporaryDirectory(prefix="broker-bench-") as tmp:
+        for backend in backends:
+            for nodes in (3, 1):
+                workdir = Path(tmp) / f"{backend}-{nodes}"
+                with site_on(backend, nodes, workdir) as site:
+                    results[(backend, nodes)] = measure(site, args.count)
+                pub, con = results[(backend, nodes)]
+                print(
+                    f"{backend} {nodes} node(s): publish {pub.net:,.0f}/s net "
+                    f"({pub.seconds:.2f} s, warm-up {pub.warm_seconds:.2f} s), "
+                    f"consume {con.net:,.0f}/s net ({con.seconds:.2f} s, "
+                    f"warm-up {con.warm_seconds:.2f} s)",
+                    flush=True,
+                )
+    print()
+    print(
+        f"{args.count} messages of {SIZE} B through node 1, credit {CREDIT}, "
+        f"{os.cpu_count()} cores; msg/s"
+    )
+    header = (
+        f"| {'backend':<9}| {'op':<8}| {'3 nodes net':>12} | {'1 node net':>11} "
+        f"| {'ratio 3/1':>9} | {'3 nodes raw':>12} | {'1 node raw':>11} |"
+    )
+    print(header)
+    print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
+    for backend in backends:
+        three, one = results[(backend, 3)], results[(backend, 1)]
+        for op, i in (("publish", 0), ("consume", 1)):
+            a, b = three[i], one[i]
+            print(
+                f"| {backend:<9}| {op:<8}| {a.net:>12,.0f} | {b.net:>11,.0f} "
+                f"| {a.net / b.net:>9.2f} | {a.raw:>12,.0f} | {b.raw:>11,.0f} |"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
