@@ -1,0 +1,253 @@
+"""End to end: forwarded events/s and lag over a 25 ms one-way WAN, until saturation.
+
+    .venv/bin/python bench/e2e_bench.py                 # embedded bus, loopback, no root
+    .venv/bin/python bench/e2e_bench.py --corosync      # also the corosync bus ceiling (root)
+
+Setup: deploy.lab.site.TwoSites (3 brokers + 3 sidecars per site, embedded
+bus), one WAN emulator per D sidecar with 25 ms one-way delay.  One
+``enqueue`` queue is declared at P; D consumes it.
+
+For each offered load (messages/s published at P by paced Proton client
+processes, ``publish --rate``, split over several publishers and P's three
+brokers), a step publishes ``load x --step`` messages stamped with their send
+time (application property ``sent_at``) while one consumer at D takes them
+all:
+
+* **delivered/s** (= forwarded events/s end to end): messages divided by the
+  time from the step's start until D's consumer had the last one;
+* **lag p50/p99**: per message, D's receive time minus P's send time (one
+  machine, one clock).  This is publish at P -> applied at D -> delivered to
+  D's consumer, so it bounds "applied at D" from above;
+* **egress lag max**: the highest ``lag_seconds`` in the active egress's
+  ``/status`` (P's commit time of the oldest unacknowledged event to now),
+  sampled every 0.5 s, as a cross-check that the lag is the link's and not
+  the consumer's.
+
+A step saturates when delivered/s falls below 90 % of the offered load or the
+p99 lag exceeds 5 s; the sweep stops after the first saturated step.
+
+In the same run: the embedded bus's own delivery rate (bench/bus_bench.py's
+3-member round, 200-byte payloads, on a sequencer of its own): the ceiling
+for the tap, since every command reaches the tap through the bus.  With
+``--corosync`` (root) the corosync bus's rate as well.
+
+Metrics cost (issue 8): one burst of unpaced publishes on fresh sites with
+metrics off and on (``TwoSites(metrics=False|True)``); the ratio of delivered/s
+on to off.  Target >= 0.95.  One burst each is noisy on a shared machine:
+``--bursts`` repeats them alternately and the medians are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from deploy.lab.site import TwoSites, finish_client  # noqa: E402
+
+LOADS = [200, 500, 1000, 2000, 4000, 8000]
+# One paced Proton publisher process sends at most this many messages a second
+# here; a load above it is split over several publishers.
+PER_PUBLISHER = 750
+SATURATED_SHARE = 0.9
+SATURATED_P99_S = 5.0
+BURST = 4000
+QUEUE = "q-enq"
+
+
+def declare(two: TwoSites, queue: str) -> None:
+    done = two.p.admin(1, "add-queue", queue, "--replicate", "enqueue")
+    if done.returncode != 0:
+        raise RuntimeError(f"declare {queue}: {done.stderr}")
+
+
+def egress_lag(two: TwoSites) -> float | None:
+    """The active egress's lag_seconds, or None when no P sidecar answers as egress."""
+    for (site, _node), port in sorted(two.metrics_port.items()):
+        if site != "site-p":
+            continue
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as r:
+                doc = json.load(r)
+        except OSError:
+            continue
+        if doc.get("role") == "egress" and isinstance(doc.get("lag_seconds"), (int, float)):
+            return float(doc["lag_seconds"])
+    return None
+
+
+def step(two: TwoSites, queue: str, count: int, rate: float, tag: str) -> dict[str, Any]:
+    """Publish ``count`` messages at ``rate``/s (0: unpaced) at P, consume them at D."""
+    publishers_n = max(1, math.ceil(rate / PER_PUBLISHER)) if rate else 2
+    share = count // publishers_n
+    consumer = two.d.client_popen(
+        2, "consume", two.d.amqp[2], queue, "--count", str(share * publishers_n),
+        "--idle", "60", "--credit", "500",
+    )  # fmt: skip
+    time.sleep(1.0)  # let the consumer attach before the clock starts (it costs ~1 s to start)
+    lag_max = 0.0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal lag_max
+        while not stop.is_set():
+            lag = egress_lag(two) if two.metrics else None
+            if lag is not None:
+                lag_max = max(lag_max, lag)
+            stop.wait(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.monotonic()
+    publishers = []
+    for i in range(publishers_n):
+        node = two.nodes[i % len(two.nodes)]
+        argv = ["publish", two.p.amqp[node], queue, "--count", str(share)]
+        argv += ["--prefix", f"{tag}{i}", "--stamp"]
+        if rate:
+            argv += ["--rate", str(rate / publishers_n)]
+        publishers.append(two.p.client_popen(node, *argv))
+    accepted = sum(finish_client(p, timeout=600)["accepted"] for p in publishers)
+    published_s = time.monotonic() - start
+    got = finish_client(consumer, timeout=600)
+    delivered_s = time.monotonic() - start
+    stop.set()
+    sampler.join()
+    lags = sorted(got["lags"])
+    return {
+        "offered": rate,
+        "published_per_s": accepted / published_s,
+        "delivered": len(got["ids"]),
+        "delivered_per_s": len(got["ids"]) / delivered_s,
+        "p50_ms": 1000 * statistics.median(lags) if lags else float("nan"),
+        "p99_ms": 1000 * lags[int(0.99 * (len(lags) - 1))] if lags else float("nan"),
+        "egress_lag_max_s": lag_max,
+        "publishers": publishers_n,
+    }
+
+
+def bus_ceiling(backend: str, count: int) -> float:
+    """Messages/s of a 3-member bus round (200 B), as bench/bus_bench.py measures it."""
+    import bus_bench
+
+    if backend == "embedded":
+        sequencer = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "bus", "--group", "e2e-ceiling"],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        try:
+            assert sequencer.stdout is not None
+            address = sequencer.stdout.readline().split()[2]
+            argvs = [
+                bus_bench.member_argv("embedded", "e2e-ceiling", n, 200, count, n == 1, address)
+                for n in (1, 2, 3)
+            ]
+            return count / bus_bench.run_round(argvs)
+        finally:
+            sequencer.terminate()
+            sequencer.wait()
+            if sequencer.stdout is not None:
+                sequencer.stdout.close()
+    from deploy.lab.netns import CorosyncSite
+
+    with CorosyncSite("e2eceil", nodes=3, subnet="10.213.31", prefix="dgE") as site:
+        argvs = [
+            site.ns_argv(n, bus_bench.member_argv("corosync", "e2e", n, 200, count, n == 1, None))
+            for n in (1, 2, 3)
+        ]
+        return count / bus_bench.run_round(argvs)
+
+
+def burst(workdir: Path, metrics: bool, label: str) -> float:
+    with TwoSites(delay_ms=25, metrics=metrics, workdir=workdir / label) as two:
+        declare(two, QUEUE)
+        result = step(two, QUEUE, BURST, 0, "b")
+        print(
+            f"  burst metrics={'on' if metrics else 'off'}: {result['delivered_per_s']:.0f}/s",
+            flush=True,
+        )
+        return float(result["delivered_per_s"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--step", type=float, default=8.0, help="seconds per load step")
+    parser.add_argument("--loads", default=",".join(map(str, LOADS)))
+    parser.add_argument("--bursts", type=int, default=1, help="metrics on/off bursts each")
+    parser.add_argument("--corosync", action="store_true", help="also the corosync bus (root)")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="e2e-bench-"))
+
+    print("embedded bus ceiling (3 members, 200 B) ...", flush=True)
+    ceiling = {"embedded": bus_ceiling("embedded", 20000)}
+    if args.corosync:
+        from deploy.lab.netns import lab_unavailable_reason
+
+        reason = lab_unavailable_reason()
+        if reason is None:
+            print("corosync bus ceiling ...", flush=True)
+            ceiling["corosync"] = bus_ceiling("corosync", 20000)
+        else:
+            print(f"corosync part skipped: {reason}", flush=True)
+
+    print("metrics cost: bursts on fresh sites ...", flush=True)
+    off, on = [], []
+    for i in range(args.bursts):
+        off.append(burst(workdir, False, f"off-{i}"))
+        on.append(burst(workdir, True, f"on-{i}"))
+
+    rows = []
+    print("load sweep (25 ms one-way WAN) ...", flush=True)
+    with TwoSites(delay_ms=25, metrics=True, workdir=workdir / "sweep") as two:
+        declare(two, QUEUE)
+        for load in (int(x) for x in args.loads.split(",")):
+            result = step(two, QUEUE, int(load * args.step), load, f"l{load}-")
+            rows.append(result)
+            print(
+                f"  offered {load}/s: delivered {result['delivered_per_s']:.0f}/s, "
+                f"p99 {result['p99_ms']:.0f} ms",
+                flush=True,
+            )
+            saturated = (
+                result["delivered_per_s"] < SATURATED_SHARE * load
+                or result["p99_ms"] > 1000 * SATURATED_P99_S
+            )
+            if saturated:
+                break
+
+    print(
+        f"\n{'offered/s':>10} {'published/s':>12} {'delivered/s':>12} "
+        f"{'lag p50 ms':>11} {'lag p99 ms':>11} {'egress lag max s':>17}"
+    )
+    for r in rows:
+        print(
+            f"{r['offered']:>10.0f} {r['published_per_s']:>12.0f} {r['delivered_per_s']:>12.0f} "
+            f"{r['p50_ms']:>11.0f} {r['p99_ms']:>11.0f} {r['egress_lag_max_s']:>17.2f}"
+        )
+    for backend, rate in ceiling.items():
+        print(f"{backend} bus ceiling (3 members, 200 B, same run): {rate:.0f} msgs/s")
+    off_m, on_m = statistics.median(off), statistics.median(on)
+    print(
+        f"metrics cost: delivered/s on {on_m:.0f} / off {off_m:.0f} = ratio {on_m / off_m:.3f} "
+        f"(target >= 0.95; {args.bursts} burst(s) of {BURST} each)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
