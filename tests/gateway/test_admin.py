@@ -105,7 +105,7 @@ def test_replicate_modes_are_valid_declares_for_the_state_machine() -> None:
 
 # -- admin_commands (the node side) ----------------------------------------------------
 
-COMMANDS = [
+COMMANDS: list[tuple[dict[str, Any], list[Any]]] = [
     (
         {"op": "add-queue", "name": "q", "args": {"qpid.max_count": 5}},
         [pc.QueueDeclare("q", {"qpid.max_count": 5})],
@@ -128,7 +128,9 @@ COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize(("request_", "expected"), COMMANDS, ids=[c[0]["op"] for c in COMMANDS])
+@pytest.mark.parametrize(
+    ("request_", "expected"), COMMANDS, ids=[str(c[0]["op"]) for c in COMMANDS]
+)
 def test_admin_commands_for_each_op(request_: dict[str, Any], expected: list[Any]) -> None:
     assert admin_commands(request_) == expected
 
