@@ -34,6 +34,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -146,7 +147,7 @@ class Sidecar(SiteMember):
     # ------------------------------------------------------------------
 
     def current_role(self) -> str:
-        if self.membership is None or not self.ready.is_set():
+        if self.membership is None or not self.ready.is_set() or not self.membership.is_ready:
             return "starting"
         if not self.membership.quorate:
             return "minority"
@@ -210,7 +211,43 @@ class Sidecar(SiteMember):
             self._spooled = trio.Event()
         self._events.clear()
 
+    def _on_rejoin(self) -> None:
+        # The spool holds events numbered by the minority's stream: they mean
+        # nothing to the site any more.  It reopens empty after the snapshot.
+        if self.spool is not None:
+            directory = Path(self.config.spool_dir)
+            self.spool.close()
+            self.spool = None
+            for path in directory.iterdir():
+                if path.is_file():
+                    path.unlink()
+        self._unacked.clear()
+        self._events.clear()
+        self._roles_may_have_changed()
+
+    def _after_restore(self) -> None:
+        if self.spool is not None or not self.ready.is_set():
+            return  # the first join: serve() opens the spool
+        self.tap.resync_rules(self.state)
+        self.spool = Spool.open(
+            self.config.spool_dir,
+            max_bytes=self.config.spool_max_bytes,
+            fsync=self.config.fsync,
+            start_after=self.state.cseq,
+        )
+        self._clean_floor = 0
+        self._roles_may_have_changed()
+
     def _after_view(self, view: ViewChange, effects: Sequence[Any]) -> None:
+        if not view.quorate:
+            self.last_error = (
+                f"in a minority partition: the view of {len(view.members)} members is not "
+                "quorate, so this sidecar neither forwards nor ingests until the partition heals"
+            )
+            log.warning("%s", self.last_error)
+        elif self.last_error.startswith("in a minority partition"):
+            log.info("view quorate again (%d members): roles resume", len(view.members))
+            self.last_error = ""
         self._roles_may_have_changed()
 
     # ------------------------------------------------------------------
@@ -301,6 +338,7 @@ class Sidecar(SiteMember):
                     self.last_error = error
                 log.warning("egress: %s", error)
             self.link_state = "down"
+            self.resync_active = False  # an unfinished resync starts again from scratch
             self.reconnects += 1
             if index % len(self.config.peers) == 0:
                 await trio.sleep(backoff * random.uniform(0.5, 1.5))
@@ -489,6 +527,7 @@ class Sidecar(SiteMember):
             log.warning("%s", self.last_error)
         finally:
             self.link_state = "down" if self.current_role() == "ingress" else self.link_state
+            self.resync_active = False  # chunks not applied are dropped with the connection
             await trio.aclose_forcefully(stream)
 
     async def _run_ingress(self, stream: trio.abc.Stream) -> None:
