@@ -581,6 +581,14 @@ class Sidecar(SiteMember):
                     raise trio.BrokenResourceError("the egress closed the link")
                 if data:
                     receiver.receive_data(data)
+                if receiver.hello is not None and self.link_state == "up":
+                    # Promoted (or an incarnation switch) while the link is up:
+                    # close it with the same error a new HELLO would get.
+                    fenced = self._fence_reason(receiver.hello)
+                    if fenced is not None:
+                        code, text = fenced
+                        await stream.send_all(receiver.send_error(code, text, retriable=False))
+                        raise LinkError(text, code=code, retriable=False)
                 while True:
                     ev = receiver.next_event()
                     if ev is link.NEED_DATA:
@@ -681,6 +689,14 @@ class Sidecar(SiteMember):
     def _fence(self, receiver: link.LinkReceiver, hello: link.Hello) -> bytes | None:
         """Refuse a HELLO from a primary this site was promoted over (R7) or
         from an incarnation it has not accepted; None to go on."""
+        fenced = self._fence_reason(hello)
+        if fenced is None:
+            return None
+        code, text = fenced
+        self.last_error = f"ingress: refused {hello.origin_cluster}: {text}"
+        return receiver.refuse(code, text, retriable=False)
+
+    def _fence_reason(self, hello: link.Hello) -> tuple[int, str] | None:
         origin = self.state.origins.get(hello.origin_cluster)
         if origin is None:
             return None
@@ -694,8 +710,7 @@ class Sidecar(SiteMember):
                 f"is stale: stop it, or make it the DR site of {self.config.site} "
                 "(docs/operations.md, 'When the primary comes back')"
             )
-            self.last_error = f"ingress: refused {hello.origin_cluster}: {text}"
-            return receiver.refuse(int(link.LinkErrorCode.STALE_EPOCH), text, retriable=False)
+            return int(link.LinkErrorCode.STALE_EPOCH), text
         if origin.incarnation not in (0, hello.incarnation):
             text = (
                 f"{hello.origin_cluster} is incarnation {hello.incarnation}, but "
@@ -706,8 +721,7 @@ class Sidecar(SiteMember):
                 f"{self.config.site}: drgate resync --accept-incarnation {hello.incarnation} "
                 f"--origin {hello.origin_cluster} --config <sidecar.yaml>"
             )
-            self.last_error = f"ingress: refused {hello.origin_cluster}: {text}"
-            return receiver.refuse(rs.NEW_INCARNATION_CODE, text, retriable=False)
+            return rs.NEW_INCARNATION_CODE, text
         return None
 
     # ------------------------------------------------------------------
@@ -782,6 +796,11 @@ class Sidecar(SiteMember):
             "messages": self.resync_messages,
         }
         if not self.config.primary:
+            # Passed through by /status (the resync section is copied whole):
+            # what the Pacemaker agent's monitor reads.
+            peer = self.state.origins.get(self.config.peer_cluster)
+            stats["resync"]["promoted"] = bool(peer is not None and peer.promoted)
+            stats["resync"]["epoch"] = 0 if peer is None else peer.epoch
             stats["origins"] = {
                 name: rs.origin_summary(o) for name, o in self.state.origins.items()
             }

@@ -1,0 +1,165 @@
+"""Failover end to end: ``drgate promote`` at D, the old primary fenced at the
+handshake, and a primary restarted from nothing (a new incarnation) refused
+until ``drgate resync --accept-incarnation``, which re-seeds D.
+
+Two sites of three brokers and three sidecars (deploy.lab.site.TwoSites).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploy.lab.site import ROOT, TwoSites, drgate_argv, finish_client
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
+
+DEADLINE_S = 60.0
+MODES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring"}
+
+
+def wait_for(what: str, check: Callable[[], bool], *, timeout: float = DEADLINE_S) -> float:
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting until {what}")
+        time.sleep(0.1)  # polling other processes: there is no event to await
+    return time.monotonic() - start
+
+
+def queues(described: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {q["name"]: q for q in described["queues"]}
+
+
+def status(two: TwoSites, site: str, node: int) -> dict[str, Any]:
+    port = two.metrics_port[(site, node)]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as reply:
+        result: dict[str, Any] = json.load(reply)
+        return result
+
+
+def drgate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        drgate_argv(*args), capture_output=True, text=True, timeout=60, cwd=ROOT, check=False
+    )
+
+
+def add_queues(two: TwoSites) -> None:
+    for queue, mode in MODES.items():
+        done = two.p.admin(1, "add-queue", queue, "--replicate", mode)
+        assert done.returncode == 0, done.stderr
+
+
+def publish(two: TwoSites, queue: str, count: int) -> int:
+    popen = two.p.client_popen(1, "publish", two.p.amqp[1], queue, "--count", str(count))
+    accepted: int = finish_client(popen)["accepted"]
+    return accepted
+
+
+def converged(two: TwoSites) -> bool:
+    p, d = queues(two.p.describe(2)), queues(two.d.describe(2))
+    return "q-full" in d and p["q-full"]["digest"] == d["q-full"]["digest"]
+
+
+@pytest.fixture
+def two(tmp_path: Path) -> Iterator[TwoSites]:
+    with TwoSites(workdir=tmp_path, metrics=True) as sites:
+        add_queues(sites)
+        yield sites
+
+
+def test_promote_makes_full_replicas_writable_and_fences_the_old_primary(two: TwoSites) -> None:
+    assert publish(two, "q-full", 200) == 200
+    wait_for("D's full replica equals P's queue", lambda: converged(two))
+    config = str(two.d.workdir / "sidecar-2.yaml")
+
+    dry = drgate("promote", "--config", config, "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    figures = json.loads(dry.stdout)
+    assert figures["applied_cseq"] > 0 and figures["origin_time_us"] > 0
+    assert not figures["promoted"]
+    refused = two.d.client(1, "publish", two.d.amqp[1], "q-full", "--count", "1")
+    assert "read-only" in (refused["error"] or refused["first_rejection"])
+
+    before_us = time.time() * 1e6
+    done = drgate("promote", "--config", config, "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["promoted"] and result["epoch"] >= 1
+    assert result["applied_cseq"] == figures["applied_cseq"]  # P's stream was quiet
+    # The RPO printed is "now - the origin time of the last applied event".
+    expected = (before_us - figures["origin_time_us"]) / 1e6
+    assert expected <= result["rpo_seconds"] <= expected + 30
+
+    published = two.d.client(1, "publish", two.d.amqp[1], "q-full", "--count", "5")
+    assert published["accepted"] == 5, published
+    consumed = two.d.client(1, "consume", two.d.amqp[1], "q-full", "--count", "5")
+    assert consumed["received"] == 5
+
+    # The old primary keeps running: its egress is refused with the promotion.
+    wait_for(
+        "P's egress reports the promotion",
+        lambda: "was promoted" in status(two, "site-p", 1)["last_error"],
+    )
+    assert publish(two, "q-full", 10) == 10
+    d = queues(two.d.describe(2))["q-full"]
+    assert d["depth"] == 200, "a fenced primary's messages reached D"
+    again = drgate("promote", "--config", config)
+    assert again.returncode == 0 and "already promoted" in again.stdout
+
+
+def test_new_incarnation_is_refused_until_accepted(two: TwoSites) -> None:
+    assert publish(two, "q-full", 100) == 100
+    assert publish(two, "q-enq", 100) == 100
+    wait_for("D's full replica equals P's queue", lambda: converged(two))
+    before = queues(two.d.describe(2))
+
+    # P restarts from nothing: new bus, empty brokers, empty spools.
+    two.p.stop()
+    for n in two.nodes:
+        shutil.rmtree(two.p.workdir / f"spool-{n}", ignore_errors=True)
+    two.p.start()
+    for n in two.nodes:
+        two.start_wan(n)
+    for n in two.nodes:
+        two.start_sidecar(two.p, n)
+    add_queues(two)
+    assert publish(two, "q-full", 50) == 50
+    assert publish(two, "q-enq", 30) == 30
+
+    def refused() -> bool:
+        return "--accept-incarnation" in status(two, "site-p", 1)["last_error"]
+
+    wait_for("P's egress is refused with the accept command", refused)
+    error = status(two, "site-p", 1)["last_error"]
+    match = re.search(r"--accept-incarnation (\d+)", error)
+    assert match is not None and "incarnation" in error
+    after = queues(two.d.describe(2))
+    assert after["q-full"]["digest"] == before["q-full"]["digest"], "D's replicas were touched"
+    assert after["q-enq"]["depth"] == 100
+
+    done = drgate(
+        "resync",
+        "--accept-incarnation",
+        match.group(1),
+        "--config",
+        str(two.d.workdir / "sidecar-1.yaml"),
+    )
+    assert done.returncode == 0, done.stderr
+    wait_for("D is re-seeded from the new incarnation", lambda: converged(two))
+    d = queues(two.d.describe(3))
+    assert d["q-full"]["depth"] == 50
+    # D's enqueue queue keeps what its consumers have not taken, plus the new messages.
+    wait_for(
+        "D's enqueue queue got the new incarnation's messages",
+        lambda: queues(two.d.describe(3))["q-enq"]["depth"] == 130,
+    )
