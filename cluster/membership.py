@@ -53,6 +53,13 @@ class SendSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class Rejoin:
+    """This member's state is stale: it was in a minority partition while the
+    quorate part of the site went on.  Drop the state and join again as a
+    new member (buffer, then take a snapshot from a donor of the majority)."""
+
+
+@dataclass(frozen=True, slots=True)
 class StartGenesis:
     """Start from the empty state here; ``announce`` says whether this member
     multicasts the ``Genesis`` command (the lowest of the cohort does)."""
@@ -60,7 +67,7 @@ class StartGenesis:
     announce: bool
 
 
-Action = SendSnapshot | StartGenesis
+Action = SendSnapshot | StartGenesis | Rejoin
 
 
 @dataclass(slots=True)
@@ -80,12 +87,35 @@ class Membership:
     older: set[MemberId] = field(default_factory=set)
     cohort: set[MemberId] = field(default_factory=set)
     served: set[MemberId] = field(default_factory=set)
+    # Ready members that left my view: if they come back while my view was
+    # not quorate, they went on without me and my state is stale.
+    departed_ready: set[MemberId] = field(default_factory=set)
+    # I was ready in a view without quorum since then.
+    minority_seen: bool = False
     _joined: bool = False
 
     def on_view(self, view: ViewChange) -> list[Action]:
         """A view change was delivered; what this member must do now."""
         self.members = view.members
         self.quorate = view.quorate
+        returned = set(view.joined) & self.departed_ready
+        if self._joined and self.is_ready and returned and self.minority_seen:
+            # A partition healed and I was on the side without quorum while
+            # the members now returning went on: my state is stale.  Decided
+            # at the merge view itself (the agreed point every member of the
+            # other side also sees), whatever quorum flag it carries.
+            self.is_ready = False
+            self.minority_seen = False
+            self.events = 0
+            self.ready.clear()
+            self.served.clear()
+            self.departed_ready.clear()
+            self.joined_at = dict.fromkeys(view.members, 0)
+            self.older = set(view.joined)
+            self.cohort = set(view.members) - set(view.joined)
+            return [Rejoin()]
+        if self._joined and self.is_ready and not view.quorate:
+            self.minority_seen = True
         if not self._joined:
             self._joined = True
             self.events = 0
@@ -98,6 +128,8 @@ class Membership:
             return []
         self.events += 1
         for m in view.left:
+            if m in self.ready:
+                self.departed_ready.add(m)
             self.ready.discard(m)
             self.served.discard(m)
             self.joined_at.pop(m, None)

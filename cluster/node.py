@@ -59,7 +59,7 @@ from cluster.amqp import (
     serve_amqp,
 )
 from cluster.bus import BusConfig, Delivery, MemberId, ViewChange, open_bus
-from cluster.membership import Membership, SendSnapshot, StartGenesis
+from cluster.membership import Membership, Rejoin, SendSnapshot, StartGenesis
 from cluster.state.model import SiteState
 from protocol import cluster as pc
 from protocol.errors import BusError, DrgateError
@@ -254,6 +254,7 @@ class SiteMember:
     async def _on_view(self, view: ViewChange) -> None:
         assert self.membership is not None and self.me is not None
         actions = self.membership.on_view(view)
+        self._view_seen(view)
         if self._buffer is not None:
             self._buffer.append(view)
         else:
@@ -263,13 +264,20 @@ class SiteMember:
                 await self._start_genesis(action)
             elif isinstance(action, SendSnapshot):
                 self._send_snapshot(action)
+            elif isinstance(action, Rejoin):
+                log.warning(
+                    "this member was in a minority partition while the site went on: "
+                    "dropping its state and joining again by state transfer"
+                )
+                self._buffer = [view]
+                self._transfer = None
+                self._on_rejoin()
         if view.left:
             log.info("members left: %s", ", ".join(map(str, view.left)))
 
     def _apply_view(self, view: ViewChange) -> None:
-        if view.left:
-            effects = st.members_left(self.state, view.left)
-            self._after_view(view, effects)
+        effects = st.members_left(self.state, view.left) if view.left else []
+        self._after_view(view, effects)
 
     async def _start_genesis(self, action: StartGenesis) -> None:
         # The whole site starts here with the empty state: apply what we
@@ -353,9 +361,12 @@ class SiteMember:
             offset += _MEMBER.size
             ready.add(MemberId(node, pid))
         self.state = st.restore_untrusted(blob[offset:])
-        buffered = self._buffer[cut:]
+        # _buffer[0] is the view that (re)joined me; the snapshot covers the
+        # ``cut`` events after it.
+        buffered = self._buffer[1 + cut :]
         self._buffer = None
         self.membership.on_restored(ready, self.membership.members)
+        self._after_restore()
         log.info("state restored: cut at %d events, %d buffered to apply", cut, len(buffered))
         for event in buffered:
             if isinstance(event, ViewChange):
@@ -398,6 +409,15 @@ class SiteMember:
 
     def _after_view(self, view: ViewChange, effects: Sequence[Any]) -> None:
         """A view change was applied (members that left released their work)."""
+
+    def _view_seen(self, view: ViewChange) -> None:
+        """A view change was delivered (also while joining, before it is applied)."""
+
+    def _on_rejoin(self) -> None:
+        """The state is stale and will be replaced by a snapshot (see Rejoin)."""
+
+    def _after_restore(self) -> None:
+        """A snapshot replaced the state (first join, or a rejoin)."""
 
 
 class BrokerNode(SiteMember):

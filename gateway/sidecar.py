@@ -118,6 +118,7 @@ class Sidecar(SiteMember):
         self.ingested = 0
         self._last_watermark = 0.0
         self._clean_floor = 0
+        self._was_minority = False
         self._sender_stats: Any = None
         # (seq, origin time) of events tapped and not yet acked by D: the lag.
         # Bounded by the spool: an overflow drops its oldest entries too.
@@ -238,17 +239,24 @@ class Sidecar(SiteMember):
         self._clean_floor = 0
         self._roles_may_have_changed()
 
-    def _after_view(self, view: ViewChange, effects: Sequence[Any]) -> None:
+    def _view_seen(self, view: ViewChange) -> None:
         if not view.quorate:
-            self.last_error = (
-                f"in a minority partition: the view of {len(view.members)} members is not "
-                "quorate, so this sidecar neither forwards nor ingests until the partition heals"
-            )
-            log.warning("%s", self.last_error)
-        elif self.last_error.startswith("in a minority partition"):
+            log.warning("%s", self.minority_text(view))
+        elif self.membership is not None and self._was_minority:
             log.info("view quorate again (%d members): roles resume", len(view.members))
-            self.last_error = ""
+        self._was_minority = not view.quorate
         self._roles_may_have_changed()
+
+    def minority_text_now(self) -> str:
+        members = () if self.membership is None else self.membership.members
+        return self.minority_text(ViewChange(0, members, (), (), False))
+
+    @staticmethod
+    def minority_text(view: ViewChange) -> str:
+        return (
+            f"in a minority partition: the view of {len(view.members)} members is not "
+            "quorate, so this sidecar neither forwards nor ingests until the partition heals"
+        )
 
     # ------------------------------------------------------------------
     # Service
@@ -427,7 +435,10 @@ class Sidecar(SiteMember):
                 wake = trio.Event()
                 spooled = self._spooled
                 role_changed = self._role_changed
-                behind = self.spool.statistics().last_seq not in (None, last_queued)
+                # (A resync cut may lie above the spool's last event: the cut is
+                # a cseq, and not every command makes an event.)
+                spool_last = self.spool.statistics().last_seq
+                behind = spool_last is not None and spool_last > last_queued
                 if behind and welcomed and not sender.window_full:
                     continue
                 with trio.move_on_at(deadline if deadline is not None else now + 1.0):
@@ -744,7 +755,11 @@ class Sidecar(SiteMember):
                 "digest": self.tap.rules.digest,
             },
             "merge": dict(self.state.counters),
-            "last_error": self.last_error or self.tap.last_error,
+            "last_error": (
+                self.minority_text_now()
+                if self.current_role() == "minority"
+                else self.last_error or self.tap.last_error
+            ),
         }
         link_stats: dict[str, Any] = {
             "state": self.link_state,

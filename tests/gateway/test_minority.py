@@ -1,0 +1,118 @@
+"""A sidecar cut off in a minority partition of its site stops acting and says why.
+
+Corosync only: the embedded bus has no partitions.  Three corosync daemons in
+network namespaces, a broker and a sidecar on each node; node 3's link is
+taken down.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploy.lab.netns import CorosyncSite
+from deploy.lab.site import LAB_RULES, BrokerSite, drgate_argv
+from tests.lab import corosync_lab
+
+pytestmark = [pytest.mark.corosync, pytest.mark.integration, pytest.mark.slow, pytest.mark.e2e]
+
+STATUS_PORT = 9464
+DEADLINE_S = 60.0
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[BrokerSite]:
+    with (
+        corosync_lab("minority", subnet="10.213.9", prefix="dgM") as lab,
+        BrokerSite("site-p", nodes=3, backend="corosync", corosync=lab, workdir=tmp_path) as s,
+    ):
+        for node in s.node_ids:
+            config = tmp_path / f"sidecar-{node}.yaml"
+            config.write_text(
+                "\n".join(
+                    [
+                        "site: site-p",
+                        "role: primary",
+                        f"node: {node}",
+                        "peer_cluster: site-d",
+                        # Nobody listens there: the egress keeps retrying, which
+                        # is what a P site without its D looks like.
+                        "peers: [127.0.0.1:9]",
+                        "bus:\n  backend: corosync\n  group: drgate",
+                        f"spool:\n  directory: {tmp_path / f'spool-{node}'}\n  fsync: never",
+                        f"rules: {LAB_RULES}",
+                        f"metrics: {lab.node(node).address}:{STATUS_PORT}",
+                    ]
+                )
+                + "\n"
+            )
+            proc = s._spawn(
+                f"sidecar-{node}", drgate_argv("run", "--config", str(config)), node=node
+            )
+            proc.wait_line("sidecar node")
+        yield s
+
+
+def status(lab: CorosyncSite, node: int) -> dict[str, Any]:
+    """The sidecar's /status, fetched from inside node 1's namespace (the
+    test's own namespace has no route to the lab's)."""
+    url = f"http://{lab.node(node).address}:{STATUS_PORT}/status"
+    code = f"import json,urllib.request;print(urllib.request.urlopen({url!r},timeout=3).read().decode())"
+    asking = 1 if node != 1 else 2
+    done = lab.run_in(asking if node == 3 else node, [sys.executable, "-c", code], timeout=10)
+    if done.returncode != 0:
+        return {"error": done.stderr[-300:]}
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def wait_for(what: str, check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        time.sleep(0.2)  # polling other processes: there is no event to await
+
+
+def test_minority_sidecar_stops_and_says_why(site: BrokerSite) -> None:
+    lab = site.corosync
+    assert lab is not None
+    wait_for("node 1 is the active egress", lambda: status(lab, 1).get("role") == "egress")
+    assert status(lab, 2)["role"] == "standby"
+    lab.cut(3)
+    try:
+        wait_for("node 3 knows it is in a minority", lambda: _role_seen_from_3(lab) == "minority")
+        cut_off = _status_from_3(lab)
+        assert "minority partition" in cut_off["last_error"]
+        assert cut_off["bus"]["quorate"] is False
+        # The majority carries on: still quorate, node 1 still the egress.
+        majority = status(lab, 1)
+        assert majority["role"] == "egress"
+        assert majority["bus"]["quorate"] is True
+        assert site.admin(1, "add-queue", "during-partition").returncode == 0
+    finally:
+        lab.restore(3)
+    wait_for("node 3 is a standby again", lambda: _role_seen_from_3(lab) == "standby")
+    assert _status_from_3(lab)["last_error"] == ""
+
+
+def _status_from_3(lab: CorosyncSite) -> dict[str, Any]:
+    # While cut off, node 3 is reachable only from its own namespace.
+    url = f"http://{lab.node(3).address}:{STATUS_PORT}/status"
+    code = f"import urllib.request;print(urllib.request.urlopen({url!r},timeout=3).read().decode())"
+    done = lab.run_in(3, [sys.executable, "-c", code], timeout=10)
+    if done.returncode != 0:
+        return {}
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def _role_seen_from_3(lab: CorosyncSite) -> str | None:
+    role: str | None = _status_from_3(lab).get("role")
+    return role
