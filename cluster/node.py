@@ -433,6 +433,8 @@ class BrokerNode(SiteMember):
         self._by_consumer_id: dict[int, _Consumer] = {}
         self._consumer_ids = itertools.count(1)
         self._waiting_queues: set[str] = set()
+        self._admin_lock = trio.Lock()
+        self._admin_refusals: list[Any] | None = None
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -511,6 +513,9 @@ class BrokerNode(SiteMember):
             for consumer in list(self._consumers.values()):
                 if consumer.session == effect.session and consumer.queue == effect.name:
                     consumer.link.close(effect.condition, effect.description)
+        elif self._admin_refusals is not None:
+            # A declare, delete or bind of ours: only admin requests send those.
+            self._admin_refusals.append(effect)
 
     def _deliver(self, consumer: _Consumer, effect: Any) -> None:
         msg = effect.message
@@ -707,8 +712,20 @@ class BrokerNode(SiteMember):
         except DrgateError as exc:
             delivery.settle(Rejected("amqp:invalid-field", str(exc)))
             return
-        await self.submit_and_wait(*commands)
-        delivery.settle(ACCEPTED)
+        # One request at a time, so that the refusals collected while it is
+        # applied are its own.
+        async with self._admin_lock:
+            self._admin_refusals = []
+            try:
+                await self.submit_and_wait(*commands)
+                refusals = self._admin_refusals
+            finally:
+                self._admin_refusals = None
+        if refusals:
+            first = refusals[0]
+            delivery.settle(Rejected(first.condition, first.description))
+        else:
+            delivery.settle(ACCEPTED)
 
     def describe(self) -> dict[str, Any]:
         """Queues, exchanges and bindings as this node holds them."""

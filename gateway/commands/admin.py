@@ -102,8 +102,10 @@ def request_for(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def send_request(url: str, request: dict[str, Any]) -> None:
-    from proton import Message
-    from proton.utils import BlockingConnection, SendException
+    """Send one request; returns once every broker of the site applied it.
+    Raises :class:`AdminError` with the broker's reason when it refused."""
+    from proton import Disposition, Message
+    from proton.utils import BlockingConnection
 
     try:
         conn = BlockingConnection(url, timeout=TIMEOUT_S)
@@ -111,11 +113,15 @@ def send_request(url: str, request: dict[str, Any]) -> None:
         raise AdminError(f"cannot connect to {url}: {exc}") from exc
     try:
         sender = conn.create_sender("$drgate.admin")
-        sender.send(Message(body=json.dumps(request)))
-    except SendException as exc:
-        raise AdminError(
-            f"{url} refused {request['op']} {request.get('name', '')!r}: {exc}"
-        ) from exc
+        delivery = sender.send(Message(body=json.dumps(request)), error_states=[])
+        if delivery.remote_state != Disposition.ACCEPTED:
+            condition = delivery.remote.condition
+            reason = (
+                f"{condition.name}: {condition.description}"
+                if condition is not None
+                else f"outcome {delivery.remote_state}"
+            )
+            raise AdminError(f"{url} refused {request['op']} {request.get('name', '')!r}: {reason}")
     finally:
         conn.close()
 

@@ -238,11 +238,6 @@ def test_admin_against_a_three_node_site(site: Any, monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="cluster/node.py _on_admin settles ACCEPTED whatever the state machine "
-    "decided: a refused admin command (ref 0, session 0) is dropped by _on_refused",
-)
 def test_a_refused_admin_request_exits_1_with_the_reason(site: Any) -> None:
     done = site.admin(1, "del-exchange", "amq.direct")
     assert done.returncode == 1, done.stdout
@@ -263,11 +258,6 @@ def test_a_request_the_node_cannot_read_is_refused_with_the_reason(site: Any) ->
 
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/commands/admin.py send_request shows str(SendException), which is "
-    "the delivery state number (37), not the broker's rejection description",
-)
 def test_a_refusal_shows_the_brokers_reason(site: Any) -> None:
     from gateway.commands.admin import send_request
 
