@@ -142,7 +142,7 @@ async def in_thread(fn: Callable[[], Any]) -> Any:
 
 
 class LinkProperties(LinkOption):
-    """Sets link properties on a client link (the form docs/broker-amqp.md shows)."""
+    """Sets link properties on a client link (the form docs/broker.md shows)."""
 
     def __init__(self, props: dict[str, Any]) -> None:
         self.props = props
