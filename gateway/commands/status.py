@@ -136,6 +136,19 @@ def _bytes(value: Any) -> str:
     return "—"  # pragma: no cover
 
 
+def _resync_text(resync: dict[str, Any], width: int = 10) -> str:
+    """A resync in progress as a bar (``resync ███░░ 42%``), or a promoted site."""
+    text = ""
+    if resync.get("promoted"):
+        text += " [bold magenta]promoted[/]"
+    if resync.get("active"):
+        ratio = resync.get("progress_ratio")
+        ratio = min(1.0, max(0.0, float(ratio))) if isinstance(ratio, int | float) else 0.0
+        done = round(ratio * width)
+        text += f" [cyan]resync {'█' * done}{'░' * (width - done)} {ratio:.0%}[/]"
+    return text
+
+
 def render(documents: Sequence[dict[str, Any]]) -> Table:
     """One rich table, one row per document."""
     table = Table(title="drgate status", title_justify="left")
@@ -159,6 +172,7 @@ def render(documents: Sequence[dict[str, Any]]) -> Table:
         link_style = {"up": "green", "down": "red", "refused": "yellow"}.get(link, "")
         if link_style:
             link = f"[{link_style}]{link}[/]"
+        link += _resync_text(doc.get("resync") or {})
         spool = doc.get("spool") or {}
         spool_text = _bytes(spool.get("bytes"))
         if spool.get("used_ratio") is not None:
