@@ -142,6 +142,8 @@ class Consumer(MessagingHandler):  # type: ignore[misc]
         self.credit = credit
         self.ids: list[str] = []
         self.lags: list[float] = []
+        self.first_at = 0.0
+        self.last_at = 0.0
         self.redelivered = 0
         self.error = ""
         self.timer: Any = None
@@ -172,6 +174,8 @@ class Consumer(MessagingHandler):  # type: ignore[misc]
         if event.message.delivery_count:
             self.redelivered += 1
         self.ids.append(str(event.message.id))
+        self.last_at = time.time()
+        self.first_at = self.first_at or self.last_at
         properties = event.message.properties or {}
         if "sent_at" in properties:
             self.lags.append(time.time() - float(properties["sent_at"]))
@@ -202,6 +206,8 @@ class Consumer(MessagingHandler):  # type: ignore[misc]
             "received": len(self.ids),
             "ids": self.ids,
             "lags": self.lags,
+            "first_at": self.first_at,
+            "last_at": self.last_at,
             "redelivered": self.redelivered,
             "error": self.error,
         }
