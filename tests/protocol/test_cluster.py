@@ -270,9 +270,7 @@ def test_a_named_session_command_is_refused() -> None:
 
 
 def test_snapshot_records_round_trip_and_refuse_damage() -> None:
-    inner = c.Replicated(
-        "site-p", 1, 5, 1, 0, (Mode.WIRING,), (c.QueueDeclare("q", {"a": 1}),)
-    )
+    inner = c.Replicated("site-p", 1, 5, 1, 0, (Mode.WIRING,), (c.QueueDeclare("q", {"a": 1}),))
     snapshot = c.encode_snapshot_record([inner]) + c.encode_snapshot_record([inner, inner])
     assert list(c.iter_snapshot_untrusted(snapshot)) == [inner, inner, inner]
     with pytest.raises(RemoteProtocolError, match="goes past the end"):
