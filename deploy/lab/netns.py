@@ -129,6 +129,7 @@ class CorosyncSite:
             for i in range(1, nodes + 1)
         ]
         self.namespaces_made: list[str] = []
+        self.root_address: str | None = None
         self.pids_started: list[int] = []
 
     # -- context manager ---------------------------------------------------------
@@ -287,6 +288,35 @@ class CorosyncSite:
                 )
             time.sleep(0.2)  # polling an external tool: no event to wait on
 
+    def attach_root(self, *, host: int = 254) -> str:
+        """Join the root namespace to the site's bridge with a veth pair and
+        give the root end ``SUBNET.host``: processes in the root namespace
+        (WAN emulators, test clients) then reach every node directly.  The
+        pair goes with the bridge namespace at ``down``.  Returns the address."""
+        root_end = f"{self.prefix}root"
+        _run(
+            [
+                "ip",
+                "link",
+                "add",
+                root_end,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "root",
+                "netns",
+                self.bridge_netns,
+            ]
+        )
+        _run(["ip", "-n", self.bridge_netns, "link", "set", "root", "master", "br0"])
+        _run(["ip", "-n", self.bridge_netns, "link", "set", "root", "up"])
+        address = f"{self.subnet}.{host}"
+        _run(["ip", "addr", "add", f"{address}/24", "dev", root_end])
+        _run(["ip", "link", "set", root_end, "up"])
+        self.root_address = address
+        return address
+
     def cut(self, nodeid: int) -> None:
         """Take the node's bridge port down: it can no longer reach any other node."""
         _run(["ip", "-n", self.bridge_netns, "link", "set", self.node(nodeid).port, "down"])
@@ -338,6 +368,7 @@ class CorosyncSite:
         for name in sorted(names & set(list_netns())):
             print(f"lab: removing stale namespace {name}", file=sys.stderr)
             _run(["ip", "netns", "del", name], check=False)
+        _run(["ip", "link", "del", f"{self.prefix}root"], check=False)
 
     def leftovers(self) -> list[str]:
         """What of this site still exists (namespaces, processes); empty when clean."""

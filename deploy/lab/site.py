@@ -297,10 +297,35 @@ class TwoSites:
         rules: Path = LAB_RULES,
         metrics: bool = False,
         capture_dir: str | Path | None = None,
+        bus: str = "embedded",
     ) -> None:
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="twosites-"))
-        self.p = BrokerSite("site-p", nodes=nodes, workdir=self.workdir / "p", group="site-p")
-        self.d = BrokerSite("site-d", nodes=nodes, workdir=self.workdir / "d", group="site-d")
+        self.bus = bus
+        self.labs: list[CorosyncSite] = []
+        self.host = {"site-p": "127.0.0.1", "site-d": "127.0.0.1"}
+        p_lab = d_lab = None
+        if bus == "corosync":
+            # Two corosync sites in namespaces, each bridge joined to the root
+            # namespace, where the WAN emulators run.
+            p_lab = CorosyncSite("site-p", nodes=nodes, subnet="10.213.20", prefix="dgP")
+            d_lab = CorosyncSite("site-d", nodes=nodes, subnet="10.213.21", prefix="dgD")
+            self.labs = [p_lab, d_lab]
+        self.p = BrokerSite(
+            "site-p",
+            nodes=nodes,
+            workdir=self.workdir / "p",
+            group="site-p",
+            backend=bus,
+            corosync=p_lab,
+        )
+        self.d = BrokerSite(
+            "site-d",
+            nodes=nodes,
+            workdir=self.workdir / "d",
+            group="site-d",
+            backend=bus,
+            corosync=d_lab,
+        )
         self.nodes = list(range(1, nodes + 1))
         self.delay_ms = delay_ms
         self.rules = rules
@@ -324,6 +349,9 @@ class TwoSites:
         self.stop()
 
     def start(self) -> None:
+        for lab in self.labs:
+            lab.up()
+            self.host[lab.name] = lab.attach_root()
         self.p.start()
         self.d.start()
         for n in self.nodes:
@@ -336,8 +364,8 @@ class TwoSites:
     def start_wan(self, n: int) -> None:
         argv = [
             sys.executable, "-m", "deploy.lab.wan",
-            "--listen", f"127.0.0.1:{self.wan_listen[n]}",
-            "--target", f"127.0.0.1:{self.d_listen[n]}",
+            "--listen", f"{self.host['site-p']}:{self.wan_listen[n]}",
+            "--target", f"{self.node_address(self.d, n)}:{self.d_listen[n]}",
             "--control", f"127.0.0.1:{self.wan_control[n]}",
             "--delay-ms", str(self.delay_ms),
         ]  # fmt: skip
@@ -354,6 +382,10 @@ class TwoSites:
         )
         return done.stdout
 
+    def node_address(self, site: BrokerSite, n: int) -> str:
+        """Where node ``n`` of ``site`` listens (its namespace address on corosync)."""
+        return "127.0.0.1" if site.corosync is None else site.corosync.node(n).address
+
     def sidecar_config(self, site: BrokerSite, n: int) -> Path:
         primary = site is self.p
         spool = site.workdir / f"spool-{n}"
@@ -363,19 +395,19 @@ class TwoSites:
             f"node: {n}",
             f"peer_cluster: {self.d.cluster if primary else self.p.cluster}",
             "bus:",
-            "  backend: embedded",
+            f"  backend: {site.backend}",
             f"  group: {site.group}",
-            f"  address: {site.bus_address}",
+            *([f"  address: {site.bus_address}"] if site.backend == "embedded" else []),
             f"spool:\n  directory: {spool}\n  fsync: never",
             f"rules: {self.rules}",
         ]
         if primary:
             lines.append("peers:")
-            lines += [f"  - 127.0.0.1:{self.wan_listen[m]}" for m in self.nodes]
+            lines += [f"  - {self.host['site-p']}:{self.wan_listen[m]}" for m in self.nodes]
         else:
-            lines.append(f"listen: 127.0.0.1:{self.d_listen[n]}")
+            lines.append(f"listen: {self.node_address(site, n)}:{self.d_listen[n]}")
         if self.metrics:
-            lines.append("metrics: 127.0.0.1:0")
+            lines.append(f"metrics: {self.node_address(site, n)}:0")
         if self.capture_dir is not None:
             lines.append(f"capture:\n  directory: {self.capture_dir / site.cluster}")
         path = site.workdir / f"sidecar-{n}.yaml"
@@ -384,13 +416,21 @@ class TwoSites:
 
     def start_sidecar(self, site: BrokerSite, n: int) -> Proc:
         config = self.sidecar_config(site, n)
-        proc = site._spawn(f"sidecar-{n}", drgate_argv("run", "--config", str(config)))
+        proc = site._spawn(f"sidecar-{n}", drgate_argv("run", "--config", str(config)), node=n)
         if self.metrics:
             line = proc.wait_line("metrics on")
             self.metrics_port[(site.cluster, n)] = int(line.rsplit(":", 1)[1])
         proc.wait_line("sidecar node")
         return proc
 
+    def status_url(self, cluster: str, n: int) -> str:
+        site = self.p if cluster == self.p.cluster else self.d
+        return f"http://{self.node_address(site, n)}:{self.metrics_port[(cluster, n)]}/status"
+
     def stop(self) -> None:
-        self.p.stop()
-        self.d.stop()
+        try:
+            self.p.stop()
+            self.d.stop()
+        finally:
+            for lab in self.labs:
+                lab.down()

@@ -13,6 +13,7 @@ all four modes at once.  After each scenario the invariants hold:
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 import urllib.request
@@ -23,6 +24,7 @@ from typing import Any
 import pytest
 
 from deploy.lab.site import TwoSites, finish_client
+from tests.lab import corosync_unavailable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -30,13 +32,33 @@ DEADLINE_S = 120.0
 MODES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring", "q-none": "none"}
 
 
-@pytest.fixture
-def two(tmp_path: Path) -> Iterator[TwoSites]:
-    with TwoSites(workdir=tmp_path, metrics=True) as sites:
+def _two_sites(tmp_path: Path, bus: str) -> Iterator[TwoSites]:
+    with TwoSites(workdir=tmp_path, metrics=True, bus=bus) as sites:
         for queue, mode in MODES.items():
             done = sites.p.admin(1, "add-queue", queue, "--replicate", mode)
             assert done.returncode == 0, done.stderr
         yield sites
+    for lab in sites.labs:
+        assert lab.leftovers() == []
+
+
+@pytest.fixture
+def two(tmp_path: Path) -> Iterator[TwoSites]:
+    """Two sites on the embedded bus."""
+    yield from _two_sites(tmp_path, "embedded")
+
+
+@pytest.fixture(params=["embedded", pytest.param("corosync", marks=pytest.mark.corosync)])
+def two_any(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TwoSites]:
+    """Two sites on either bus: the scenarios that test view changes run on
+    corosync in network namespaces too."""
+    if request.param == "corosync":
+        reason = corosync_unavailable()
+        if reason:
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"the corosync suite must run in CI: {reason}")
+            pytest.skip(reason)
+    yield from _two_sites(tmp_path, request.param)
 
 
 def wait_for(what: str, check: Callable[[], bool], *, timeout: float = DEADLINE_S) -> float:
@@ -54,8 +76,7 @@ def queues(described: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def status(two: TwoSites, site: str, node: int) -> dict[str, Any]:
-    port = two.metrics_port[(site, node)]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as reply:
+    with urllib.request.urlopen(two.status_url(site, node), timeout=5) as reply:
         result: dict[str, Any] = json.load(reply)
         return result
 
@@ -131,74 +152,74 @@ def test_full_replica_is_read_only_at_d(two: TwoSites) -> None:
     assert "read-only replica" in consumed["error"]
 
 
-def test_wan_cut_for_five_seconds(two: TwoSites) -> None:
-    publishers = publish_all(two, 3000)
-    wait_for("P is mid-stream", lambda: depth_at_p(two, "q-enq") >= 500)
-    for n in two.nodes:
-        two.wan(n, "cut")
+def test_wan_cut_for_five_seconds(two_any: TwoSites) -> None:
+    publishers = publish_all(two_any, 3000)
+    wait_for("P is mid-stream", lambda: depth_at_p(two_any, "q-enq") >= 500)
+    for n in two_any.nodes:
+        two_any.wan(n, "cut")
     time.sleep(5)  # the scenario: the WAN is down for five seconds
-    for n in two.nodes:
-        two.wan(n, "restore")
+    for n in two_any.nodes:
+        two_any.wan(n, "restore")
     finish(publishers, 3000)
-    check_invariants(two, 3000)
+    check_invariants(two_any, 3000)
 
 
-def test_active_egress_killed(two: TwoSites) -> None:
-    publishers = publish_all(two, 3000)
-    wait_for("P is mid-stream", lambda: depth_at_p(two, "q-enq") >= 500)
-    two.p.kill("sidecar-1", signal.SIGKILL)
+def test_active_egress_killed(two_any: TwoSites) -> None:
+    publishers = publish_all(two_any, 3000)
+    wait_for("P is mid-stream", lambda: depth_at_p(two_any, "q-enq") >= 500)
+    two_any.p.kill("sidecar-1", signal.SIGKILL)
     took = wait_for(
         "a standby takes over the egress",
         lambda: (
-            status(two, "site-p", 2)["role"] == "egress"
-            and status(two, "site-p", 2)["link_state"] == "up"
+            status(two_any, "site-p", 2)["role"] == "egress"
+            and status(two_any, "site-p", 2)["link_state"] == "up"
         ),
     )
     print(f"egress takeover after SIGKILL: {took:.2f} s")
     finish(publishers, 3000)
-    check_invariants(two, 3000)
+    check_invariants(two_any, 3000)
 
 
-def test_active_ingress_killed(two: TwoSites) -> None:
-    publishers = publish_all(two, 3000)
-    wait_for("P is mid-stream", lambda: depth_at_p(two, "q-enq") >= 500)
-    two.d.kill("sidecar-1", signal.SIGKILL)
+def test_active_ingress_killed(two_any: TwoSites) -> None:
+    publishers = publish_all(two_any, 3000)
+    wait_for("P is mid-stream", lambda: depth_at_p(two_any, "q-enq") >= 500)
+    two_any.d.kill("sidecar-1", signal.SIGKILL)
     took = wait_for(
         "a standby takes over the ingress",
         lambda: (
-            status(two, "site-d", 2)["role"] == "ingress"
-            and status(two, "site-d", 2)["link_state"] == "up"
+            status(two_any, "site-d", 2)["role"] == "ingress"
+            and status(two_any, "site-d", 2)["link_state"] == "up"
         ),
     )
     print(f"ingress takeover after SIGKILL: {took:.2f} s")
     finish(publishers, 3000)
-    check_invariants(two, 3000)
+    check_invariants(two_any, 3000)
 
 
-def test_broker_on_the_egress_node_killed(two: TwoSites) -> None:
-    publishers = publish_all(two, 2000, node=2)
-    wait_for("P is mid-stream", lambda: depth_at_p(two, "q-enq") >= 500)
-    two.p.kill("broker-1", signal.SIGKILL)
+def test_broker_on_the_egress_node_killed(two_any: TwoSites) -> None:
+    publishers = publish_all(two_any, 2000, node=2)
+    wait_for("P is mid-stream", lambda: depth_at_p(two_any, "q-enq") >= 500)
+    two_any.p.kill("broker-1", signal.SIGKILL)
     finish(publishers, 2000)
-    check_invariants(two, 2000)
+    check_invariants(two_any, 2000)
 
 
-def test_d_sidecar_started_empty_takes_part_in_failover(two: TwoSites) -> None:
-    publishers = publish_all(two, 3000)
-    wait_for("P is mid-stream", lambda: depth_at_p(two, "q-enq") >= 500)
-    two.d.kill("sidecar-3", signal.SIGKILL)
-    spool = two.d.workdir / "spool-3"
+def test_d_sidecar_started_empty_takes_part_in_failover(two_any: TwoSites) -> None:
+    publishers = publish_all(two_any, 3000)
+    wait_for("P is mid-stream", lambda: depth_at_p(two_any, "q-enq") >= 500)
+    two_any.d.kill("sidecar-3", signal.SIGKILL)
+    spool = two_any.d.workdir / "spool-3"
     for path in spool.glob("*"):
         path.unlink()
-    two.start_sidecar(two.d, 3)  # empty: it joins by state transfer
-    two.d.kill("sidecar-1", signal.SIGKILL)
-    two.d.kill("sidecar-2", signal.SIGKILL)
+    two_any.start_sidecar(two_any.d, 3)  # empty: it joins by state transfer
+    two_any.d.kill("sidecar-1", signal.SIGKILL)
+    two_any.d.kill("sidecar-2", signal.SIGKILL)
     wait_for(
         "the new sidecar is the active ingress",
         lambda: (
-            status(two, "site-d", 3)["role"] == "ingress"
-            and status(two, "site-d", 3)["link_state"] == "up"
+            status(two_any, "site-d", 3)["role"] == "ingress"
+            and status(two_any, "site-d", 3)["link_state"] == "up"
         ),
     )
     finish(publishers, 3000)
-    check_invariants(two, 3000)
+    check_invariants(two_any, 3000)
