@@ -8,12 +8,17 @@ a configuration change sits at the same point of every surviving member's
 stream (virtual synchrony).  This module only moves data between libcpg and
 trio:
 
-* the CPG fd is awaited with ``trio.lowlevel.wait_readable``, then
-  ``cpg_dispatch(CS_DISPATCH_ONE_NONBLOCKING)`` runs one callback at a time
-  until libcpg has nothing more, so the process never holds more than one
-  dispatched message beyond its bounded event channel.  A full channel stops
-  the dispatching (corosync then holds the messages for us): the reader sets
-  the pace.
+* ``cpg_dispatch(CS_DISPATCH_ONE_NONBLOCKING)`` runs one callback at a time,
+  and only while the member's bounded event queue (a deque, at most
+  ``EVENTS_QUEUE_LIMIT`` events) has room: a full queue stops the dispatching
+  and corosync holds the messages for us, so the reader sets the pace.  The
+  callbacks decode straight into that queue.  Dispatching is a synchronous
+  "pump" that three places run: the dispatcher task when the CPG fd (awaited
+  with ``trio.lowlevel.wait_readable``) is readable, the reader when the
+  queue is empty, and the sender after each multicast (a client that sends
+  without dispatching makes corosync queue for it).  The reader takes events
+  from the deque without a task switch per event; it yields to the scheduler
+  every ``READS_PER_CHECKPOINT`` events.
 * ``cpg_mcast_joined`` answering ``CS_ERR_TRY_AGAIN`` is backpressure: the
   sender sleeps a short, growing while (1 ms to 20 ms; the dispatcher keeps
   running meanwhile) and tries again.  It is never an error and never a busy
@@ -138,15 +143,15 @@ def load_library(name: str) -> Any:
 # and a 5 MB payload is 20 chunks.  Measured in bench/bus_bench.py.
 CHUNK_BYTES = 256 * 1024
 # Events decoded but not yet read by the application.  When it is full the
-# dispatcher stops and corosync holds the rest for us.
+# dispatching stops and corosync holds the rest for us.
 EVENTS_QUEUE_LIMIT = 128
-# Messages dispatched from libcpg in one go before they are handed on.
-DISPATCH_BATCH = 64
-# Sends between two yields to the dispatcher: fewer task switches per message,
-# still far below corosync's per-client queue.
-SENDS_PER_CHECKPOINT = 8
+# Sends between two yields to the scheduler (the sender dispatches inline, so
+# this only lets the reader and other tasks run).
+SENDS_PER_CHECKPOINT = 16
+# Events read between two yields to the scheduler.
+READS_PER_CHECKPOINT = 32
 # Backpressure waits after CS_ERR_TRY_AGAIN: short first, growing, capped.
-TRY_AGAIN_FIRST_S = 0.001
+TRY_AGAIN_FIRST_S = 0.0005
 TRY_AGAIN_MAX_S = 0.02
 # A member that cannot get a call through for this long has lost corosync.
 TRY_AGAIN_GIVE_UP_S = 60.0
@@ -162,8 +167,25 @@ _quorum_by_handle: dict[int, CorosyncMember] = {}
 
 def _on_deliver(handle: int, _group: Any, nodeid: int, pid: int, msg: Any, size: int) -> None:
     member = _members_by_handle.get(handle)
-    if member is not None:
-        member._raw.append((MemberId(nodeid, pid), ffi.buffer(msg, size)[:]))
+    if member is None or size < 1:
+        return
+    try:
+        data = ffi.buffer(msg, size)
+        sender = member._ids.get((nodeid, pid))
+        if sender is None:
+            sender = member._ids[(nodeid, pid)] = MemberId(nodeid, pid)
+        if data[0] == _WHOLE:
+            member._delivered += 1
+            delivery = Delivery(sender, data[1:])  # the one copy out of libcpg
+            if member._pending:
+                member._pending.append(_Slot(delivery))
+            else:
+                member._ready.append(delivery)
+        elif data[0] == b"\x01" and size >= _CHUNK.size:
+            member._chunk(sender, data[:])
+        # Anything else is not ours (a foreign CPG client in our group): skipped.
+    except BaseException as exc:  # never unwind through libcpg
+        member._callback_error = exc
 
 
 def _on_confchg(
@@ -183,7 +205,12 @@ def _on_confchg(
     def ids(array: Any, count: int) -> tuple[MemberId, ...]:
         return tuple(sorted(MemberId(array[i].nodeid, array[i].pid) for i in range(count)))
 
-    member._raw.append((ids(members, n_members), ids(joined, n_joined), ids(left, n_left)))
+    try:
+        member._configuration_change(
+            ids(members, n_members), ids(joined, n_joined), ids(left, n_left)
+        )
+    except BaseException as exc:  # never unwind through libcpg
+        member._callback_error = exc
 
 
 def _on_quorum(handle: int, quorate: int, _seq: int, _n: int, _nodes: Any) -> None:
@@ -229,15 +256,19 @@ class CorosyncMember:
         self._config = config
         self._cpg = load_library("libcpg.so.4")
         self._quorum_lib = load_library("libquorum.so.5")
-        self._raw: list[Any] = []
+        # Events ready for the reader, in order; never more than EVENTS_QUEUE_LIMIT.
+        self._ready: collections.deque[BusEvent] = collections.deque()
+        # Events behind a chunked message whose chunks are still missing (or
+        # behind a full ready queue); moved to _ready in order by _flush.
         self._pending: collections.deque[_Slot] = collections.deque()
         self._partials: dict[tuple[MemberId, int], _Slot] = {}
         self._partial_bytes = 0
+        self._ids: dict[tuple[int, int], MemberId] = {}
         self._numbers = itertools.count(1)
-        self._events_send, self._events_recv = trio.open_memory_channel[BusEvent](
-            EVENTS_QUEUE_LIMIT
-        )
-        self._flushing = False
+        self._reader_wakeup: trio.Event | None = None
+        self._room_wakeup: trio.Event | None = None
+        self._ended = False  # no more events will be added (error or left)
+        self._callback_error: BaseException | None = None
         self._send_lock = trio.Lock()
         self._error: BusError | None = None
         self._leaving = False
@@ -251,6 +282,7 @@ class CorosyncMember:
         self._multicast = 0
         self._send_waits = 0
         self._sends = 0
+        self._reads = 0
         self._handle = 0
         self._quorum_handle = 0
         self._fd = -1
@@ -261,6 +293,9 @@ class CorosyncMember:
         self._name = ffi.new("struct cpg_name *")
         self._name.length = len(name)
         ffi.memmove(self._name.value, name, len(name))
+        # One iovec pair per member, reused by every send: [kind byte | data].
+        self._iov = ffi.new("struct iovec[2]")
+        self._whole_head = ffi.new("char[1]", _WHOLE)
         self.me = MemberId(config.node, os.getpid())
 
     # -- lifecycle -----------------------------------------------------------------
@@ -315,12 +350,13 @@ class CorosyncMember:
             self._quorum_lib.quorum_finalize(self._quorum_handle)
             _quorum_by_handle.pop(self._quorum_handle, None)
             self._quorum_handle = 0
+        self._end()
 
     # -- public API ------------------------------------------------------------------
 
     def statistics(self) -> BusStatistics:
         return BusStatistics(
-            events_queued=self._events_recv.statistics().current_buffer_used,
+            events_queued=len(self._ready),
             events_queued_max=self._queued_max,
             events_queue_limit=EVENTS_QUEUE_LIMIT,
             delivered=self._delivered,
@@ -334,9 +370,14 @@ class CorosyncMember:
             raise self._error
         if self._leaving:
             raise BusError(f"member {self.me} has left group {self._config.group!r}")
-        async with self._send_lock:
+        lock = self._send_lock
+        try:
+            lock.acquire_nowait()  # the common case: no task switch
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
             if len(payload) <= CHUNK_BYTES:
-                await self._mcast(_WHOLE, payload)
+                await self._mcast(None, payload)
             else:
                 number = next(self._numbers)
                 view = memoryview(payload)
@@ -345,6 +386,8 @@ class CorosyncMember:
                     head = _CHUNK.pack(_CHUNK_KIND, number, index, count)
                     chunk = view[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES]
                     await self._mcast(head, chunk)
+        finally:
+            lock.release()
         self._multicast += 1
 
     def events(self) -> AsyncIterator[BusEvent]:
@@ -358,37 +401,46 @@ class CorosyncMember:
 
     # -- sending ---------------------------------------------------------------------
 
-    async def _mcast(self, head: bytes, data: bytes | memoryview) -> None:
-        iov = ffi.new("struct iovec[2]")
-        head_buffer = ffi.from_buffer(head)
+    async def _mcast(self, head: bytes | None, data: bytes | memoryview) -> None:
+        iov = self._iov
+        head_buffer = None
+        if head is None:
+            iov[0].iov_base = self._whole_head
+            iov[0].iov_len = 1
+        else:
+            head_buffer = ffi.from_buffer(head)
+            iov[0].iov_base = head_buffer
+            iov[0].iov_len = len(head)
         data_buffer = ffi.from_buffer(data)
-        iov[0].iov_base = head_buffer
-        iov[0].iov_len = len(head)
         iov[1].iov_base = data_buffer
         iov[1].iov_len = len(data)
+        mcast = self._cpg.cpg_mcast_joined
         backoff = TRY_AGAIN_FIRST_S
         waited = 0.0
         while True:
             if not self._handle:
                 raise self._lost("the member is closed")
-            rc = self._cpg.cpg_mcast_joined(self._handle, CPG_TYPE_AGREED, iov, 2)
+            rc = mcast(self._handle, CPG_TYPE_AGREED, iov, 2)
             if rc == CS_OK:
-                self._sends += 1
-                if self._sends % SENDS_PER_CHECKPOINT == 0:
-                    # Let the dispatcher run: a client that sends without
-                    # dispatching makes corosync queue for it.
-                    await trio.lowlevel.checkpoint()
-                return
+                break
             if rc != CS_ERR_TRY_AGAIN:
                 raise self._lost(f"cpg_mcast_joined failed with corosync error {rc}")
-            # Backpressure: corosync's queues are full.  Wait, growing, and
-            # keep dispatching meanwhile (the dispatcher task runs).
+            # Backpressure: corosync's queues are full.  Dispatch what we can
+            # (our own unread messages may be what holds it up), then wait,
+            # growing; the dispatcher and the reader run meanwhile.
             self._send_waits += 1
             if waited > TRY_AGAIN_GIVE_UP_S:
                 raise self._lost(f"corosync refused to send for {waited:.0f} s")
+            self._pump()
             await trio.sleep(backoff)
             waited += backoff
             backoff = min(backoff * 2, TRY_AGAIN_MAX_S)
+        del head_buffer, data_buffer  # the iovec pointed into them until here
+        # Dispatch inline, like a plain libcpg loop: no task switch per message.
+        self._pump()
+        self._sends += 1
+        if self._sends % SENDS_PER_CHECKPOINT == 0:
+            await trio.lowlevel.checkpoint()
 
     # -- receiving -------------------------------------------------------------------
 
@@ -400,38 +452,96 @@ class CorosyncMember:
             )
         return self._error
 
+    def _end(self) -> None:
+        """No more events will come: wake the reader so it ends the stream."""
+        self._ended = True
+        self._wake_reader()
+        if self._room_wakeup is not None:
+            self._room_wakeup.set()
+
+    def _wake_reader(self) -> None:
+        wakeup = self._reader_wakeup
+        if wakeup is not None:
+            self._reader_wakeup = None
+            wakeup.set()
+
+    def _pump(self) -> None:
+        """Dispatch what libcpg holds for us, as far as the event queue has room.
+
+        Synchronous: the callbacks put events straight into the queue, and
+        nothing else runs meanwhile.  Never more than the room left is
+        dispatched, so the queue stays within its bound.
+        """
+        if self._ended or not self._handle:
+            return
+        ready = self._ready
+        room = EVENTS_QUEUE_LIMIT - len(ready)
+        if room <= 0:
+            return
+        dispatch = self._cpg.cpg_dispatch
+        handle = self._handle
+        before = len(ready)
+        for _ in range(room):
+            rc = dispatch(handle, CS_DISPATCH_ONE_NONBLOCKING)
+            if rc != CS_OK:
+                if rc != CS_ERR_TRY_AGAIN:
+                    self._lost(f"cpg_dispatch failed with corosync error {rc}")
+                    self._end()
+                break
+            if self._left:
+                break
+        if self._callback_error is not None:
+            error, self._callback_error = self._callback_error, None
+            raise error
+        if self._pending:
+            self._flush()
+        queued = len(ready)
+        self._queued_max = max(self._queued_max, queued)
+        if queued > before:
+            self._wake_reader()
+        if self._left:
+            self._end()
+
     async def _next_event(self) -> BusEvent:
-        try:
-            return await self._events_recv.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
-            if self._error is not None:
-                raise self._error from None
-            raise StopAsyncIteration from None
+        ready = self._ready
+        if not ready:
+            self._pump()  # no task switch when libcpg already has something
+        while not ready:
+            if self._ended:
+                self._flush()
+                if ready:
+                    break
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            self._reader_wakeup = wakeup = trio.Event()
+            await wakeup.wait()
+        event = ready.popleft()
+        if self._pending:
+            self._flush()
+        if self._room_wakeup is not None and len(ready) <= EVENTS_QUEUE_LIMIT // 2:
+            self._room_wakeup.set()
+            self._room_wakeup = None
+        self._reads += 1
+        if self._reads % READS_PER_CHECKPOINT == 0:
+            await trio.lowlevel.checkpoint()
+        return event
 
     async def _dispatch_loop(self) -> None:
-        dispatch = self._cpg.cpg_dispatch
+        """Dispatch when the CPG fd is readable and nobody else did."""
         try:
-            while not self._left:
+            while not self._ended:
+                if len(self._ready) >= EVENTS_QUEUE_LIMIT:
+                    # Full queue: stop dispatching until the reader catches
+                    # up (corosync holds the rest: backpressure).
+                    self._send_waits += 1
+                    self._room_wakeup = room = trio.Event()
+                    await room.wait()
+                    continue
                 await trio.lowlevel.wait_readable(self._fd)
-                while not self._left:
-                    # Dispatch a bounded batch, then hand it on: at most
-                    # DISPATCH_BATCH messages are ever held beyond the channel.
-                    count = 0
-                    while count < DISPATCH_BATCH:
-                        rc = dispatch(self._handle, CS_DISPATCH_ONE_NONBLOCKING)
-                        if rc == CS_ERR_TRY_AGAIN:
-                            break  # nothing more to dispatch now
-                        if rc != CS_OK:
-                            self._lost(f"cpg_dispatch failed with corosync error {rc}")
-                            return
-                        count += 1
-                    if self._raw:
-                        self._absorb()
-                        await self._flush()
-                    if count < DISPATCH_BATCH:
-                        break
+                self._pump()
         finally:
-            self._events_send.close()
+            self._end()
 
     async def _quorum_loop(self) -> None:
         while True:
@@ -439,7 +549,7 @@ class CorosyncMember:
             rc = self._quorum_lib.quorum_dispatch(self._quorum_handle, CS_DISPATCH_ALL)
             if rc != CS_OK:
                 self._lost(f"quorum_dispatch failed with corosync error {rc}")
-                self._events_send.close()
+                self._end()
                 return
             notified = self._quorum_notified
             if (
@@ -452,7 +562,8 @@ class CorosyncMember:
                 self._view_id += 1
                 view = ViewChange(self._view_id, self._members, (), (), notified)
                 self._pending.append(_Slot(view))
-                await self._flush()
+                self._flush()
+                self._wake_reader()
 
     def _quorate(self) -> bool:
         quorate = ffi.new("int *")
@@ -460,21 +571,6 @@ class CorosyncMember:
         if rc != CS_OK:
             raise self._lost(f"quorum_getquorate failed with corosync error {rc}")
         return bool(quorate[0])
-
-    def _absorb(self) -> None:
-        """Turn what the callbacks collected into ordered slots."""
-        raw, self._raw = self._raw, []
-        for item in raw:
-            if len(item) == 3:
-                self._configuration_change(*item)
-                continue
-            sender, message = item
-            if message[:1] == _WHOLE:
-                self._delivered += 1
-                self._pending.append(_Slot(Delivery(sender, message[1:])))
-            elif message[:1] == b"\x01" and len(message) >= _CHUNK.size:
-                self._chunk(sender, message)
-            # Anything else is not ours (a foreign CPG client in our group): skipped.
 
     def _chunk(self, sender: MemberId, message: bytes) -> None:
         _kind, number, index, count = _CHUNK.unpack_from(message)
@@ -521,36 +617,28 @@ class CorosyncMember:
         self._quorate_reported = quorate
         self._members = members
         self._view_id += 1
-        self._pending.append(_Slot(ViewChange(self._view_id, members, joined, left, quorate)))
+        view = ViewChange(self._view_id, members, joined, left, quorate)
+        if self._pending:
+            self._pending.append(_Slot(view))
+        else:
+            self._ready.append(view)
         if self.me in left:
             self._left = True
 
-    async def _flush(self) -> None:
-        """Move ready slots, in order, into the event channel.
-
-        Re-entrant by design: while one task waits on a full channel, another
-        that appends a slot returns at once and the waiting one sends it.
-        """
-        if self._flushing:
-            return
-        self._flushing = True
-        try:
-            pending = self._pending
-            send = self._events_send
-            while pending and (pending[0].event is not None or pending[0].dropped):
-                slot = pending.popleft()
-                if slot.dropped or slot.event is None:
-                    continue
-                try:
-                    send.send_nowait(slot.event)
-                except trio.WouldBlock:
-                    # Full channel: wait, which stops the dispatching (backpressure).
-                    self._send_waits += 1
-                    await send.send(slot.event)
-                used = send.statistics().current_buffer_used
-                self._queued_max = max(self._queued_max, used)
-        finally:
-            self._flushing = False
+    def _flush(self) -> None:
+        """Move ready slots, in order, from ``_pending`` to the event queue."""
+        pending = self._pending
+        ready = self._ready
+        while pending and len(ready) < EVENTS_QUEUE_LIMIT:
+            slot = pending[0]
+            if slot.dropped:
+                pending.popleft()
+            elif slot.event is not None:
+                pending.popleft()
+                ready.append(slot.event)
+            else:
+                break
+        self._queued_max = max(self._queued_max, len(ready))
 
 
 @asynccontextmanager
