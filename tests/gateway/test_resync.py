@@ -19,10 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
-from deploy.lab.site import TwoSites, finish_client
-
-pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
+from cluster import state as st
+from deploy.lab.site import LAB_RULES, TwoSites, finish_client
+from filters.rules import load_rules
+from gateway import resync as rs
+from protocol import cluster as pc
 
 DEADLINE_S = 60.0
 MODES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring", "q-none": "none"}
@@ -107,6 +110,9 @@ def check_enqueue(two: TwoSites, total: int) -> None:
     assert got["ids"] == [f"m-{i}" for i in range(1, total + 1)], "lost, doubled or reordered"
 
 
+@pytest.mark.e2e
+@pytest.mark.integration
+@pytest.mark.slow
 def test_empty_d_is_seeded_by_resync_while_p_takes_traffic(two: TwoSites) -> None:
     load_p(two)
     # P consumes some of its full queue: D's copy must not have them.
@@ -133,6 +139,9 @@ def test_empty_d_is_seeded_by_resync_while_p_takes_traffic(two: TwoSites) -> Non
     assert took < DEADLINE_S
 
 
+@pytest.mark.e2e
+@pytest.mark.integration
+@pytest.mark.slow
 def test_wan_cut_during_a_resync_restarts_it(two: TwoSites) -> None:
     load_p(two)
     for n in two.nodes:  # slow enough to cut the resync in the middle
@@ -156,6 +165,9 @@ def test_wan_cut_during_a_resync_restarts_it(two: TwoSites) -> None:
     check_enqueue(two, LOADED)
 
 
+@pytest.mark.e2e
+@pytest.mark.integration
+@pytest.mark.slow
 def test_rules_switch_none_to_full_brings_existing_messages(two: TwoSites) -> None:
     # q-none holds 1,000 messages; re-declaring it with qpid.replicate=all
     # switches it to full at that cseq.
@@ -170,3 +182,110 @@ def test_rules_switch_none_to_full_brings_existing_messages(two: TwoSites) -> No
     d = queues(two.d.describe(2))
     assert d["q-none"]["depth"] == 1500
     assert d["q-none"]["replica"]["mode"] == "full"
+
+
+# ---------------------------------------------------------------------------
+# The snapshot and its apply at D, without processes (fast)
+# ---------------------------------------------------------------------------
+
+
+def _site(name: str, incarnation: int) -> st.SiteState:
+    state = st.new_state()
+    st.apply(state, pc.Genesis(name, incarnation))
+    return state
+
+
+def _p_with_messages(n: int) -> st.SiteState:
+    p = _site("site-p", 7)
+    for queue, mode in (("q-full", "all"), ("q-enq", "all"), ("q-wire", "configuration")):
+        args: dict[str, pc.Value] = {"qpid.replicate": mode}
+        if queue == "q-enq":
+            args["qpid.queue_event_generation"] = 1
+        st.apply(p, pc.QueueDeclare(queue, args))
+    st.apply(p, pc.ExchangeDeclare("ex", pc.ExchangeType.FANOUT))
+    st.apply(p, pc.Bind("ex", "q-wire", ""))
+    for i in range(1, n + 1):
+        st.apply(p, pc.Publish("", "q-full", f"f{i}".encode(), f"m-{i}"))
+        st.apply(p, pc.Publish("", "q-enq", f"e{i}".encode(), f"m-{i}"))
+    return p
+
+
+def _resync(p: st.SiteState, epoch: int = 1) -> pc.ResyncApply:
+    rules = load_rules(LAB_RULES.read_text(), str(LAB_RULES))
+    plan = rs.plan_snapshot(p, rules)
+
+    async def encode() -> list[bytes]:
+        return await rs.encode_snapshot(plan, rules, origin="site-p", epoch=epoch, time_us=123)
+
+    records = trio.run(encode)
+    snapshot = b"".join(rs.chunk_records(records, chunk_bytes=512))
+    return pc.ResyncApply("site-p", p.incarnation, plan.cut, epoch, 123, snapshot)
+
+
+def test_resync_apply_replaces_full_and_keeps_what_d_consumed() -> None:
+    p = _p_with_messages(50)
+    d = _site("site-d", 9)
+    cmd = _resync(p)
+    # A frame round trip, as it crosses D's bus.
+    (cmd,) = pc.decode_frame_untrusted(pc.encode_frame([cmd]))
+    st.apply(d, cmd)
+    assert st.queue_digest(d, "q-full") == st.queue_digest(p, "q-full")
+    assert d.queues["q-enq"].depth == 50
+    assert d.queues["q-wire"].depth == 0
+    assert d.exchanges["ex"].bindings == {("q-wire", ""): {}}
+    assert d.origins["site-p"].applied[7] == p.cseq
+    assert d.origins["site-p"].last_time_us == 123
+    # The same resync again is a duplicate (R1): nothing applied twice.
+    st.apply(d, cmd)
+    assert d.counters["r1_duplicates"] == 1 and d.queues["q-enq"].depth == 50
+
+    # D's consumers take 30 of the enqueue queue; P consumes 10 of full and
+    # takes 5 more of each; a later resync brings only what is new.
+    session = 1 << 40 | 1 << 16 | 1
+    st.apply(d, pc.SessionOpen(session))
+    st.apply(d, pc.Acquire("q-enq", session, 1, 30))
+    st.apply(d, pc.Accept("q-enq", session, tuple(range(1, 31))))
+    ps = 2 << 40 | 1 << 16 | 1
+    st.apply(p, pc.SessionOpen(ps))
+    st.apply(p, pc.Acquire("q-full", ps, 1, 10))
+    st.apply(p, pc.Accept("q-full", ps, tuple(range(1, 11))))
+    for i in range(51, 56):
+        st.apply(p, pc.Publish("", "q-full", f"f{i}".encode(), f"m-{i}"))
+        st.apply(p, pc.Publish("", "q-enq", f"e{i}".encode(), f"m-{i}"))
+    st.apply(d, _resync(p))
+    assert st.queue_digest(d, "q-full") == st.queue_digest(p, "q-full")
+    assert d.queues["q-full"].depth == 45
+    ids = [m.message_id for m in d.queues["q-enq"].messages.values()]
+    assert ids == [f"m-{i}" for i in range(31, 56)], "a consumed message came back, or one is lost"
+
+
+def test_resync_apply_is_refused_for_an_unaccepted_incarnation_and_bad_bytes() -> None:
+    d = _site("site-d", 9)
+    st.apply(d, _resync(_p_with_messages(5)))
+    before = st.queue_digest(d, "q-full")
+    reborn = _p_with_messages(2)
+    reborn.incarnation = 8
+    effects = st.apply(d, _resync(reborn))
+    assert any(getattr(e, "outcome", None) == st.Outcome.INCARNATION for e in effects)
+    assert st.queue_digest(d, "q-full") == before
+    # After the operator's accept, the new incarnation replaces the replicas;
+    # the enqueue queue keeps its 5 and takes the new incarnation's 2.
+    st.apply(d, pc.AcceptIncarnation("site-p", 8))
+    st.apply(d, _resync(reborn))
+    assert st.queue_digest(d, "q-full") == st.queue_digest(reborn, "q-full")
+    assert d.queues["q-enq"].depth == 7
+    # A damaged snapshot changes nothing.
+    bad = pc.ResyncApply("site-p", 8, reborn.cseq + 1, 1, 0, b"\x00\x00\x00\x09abc")
+    st.apply(d, bad)
+    assert d.counters["ignored"] >= 1 and d.origins["site-p"].applied[8] == reborn.cseq
+
+
+def test_resync_after_promotion_is_fenced() -> None:
+    d = _site("site-d", 9)
+    p = _p_with_messages(3)
+    st.apply(d, _resync(p))
+    st.apply(d, pc.Promote("site-p", 2, 0))
+    st.apply(p, pc.Publish("", "q-full", b"late", "late"))
+    st.apply(d, _resync(p))
+    assert d.counters["r7_fenced"] == 1
+    assert d.queues["q-full"].depth == 3
