@@ -225,9 +225,9 @@ def _resync(p: st.SiteState, epoch: int = 1) -> pc.ResyncApply:
 def test_resync_apply_replaces_full_and_keeps_what_d_consumed() -> None:
     p = _p_with_messages(50)
     d = _site("site-d", 9)
-    cmd = _resync(p)
     # A frame round trip, as it crosses D's bus.
-    (cmd,) = pc.decode_frame_untrusted(pc.encode_frame([cmd]))
+    (cmd,) = pc.decode_frame_untrusted(pc.encode_frame([_resync(p)]))
+    assert isinstance(cmd, pc.ResyncApply)
     st.apply(d, cmd)
     assert st.queue_digest(d, "q-full") == st.queue_digest(p, "q-full")
     assert d.queues["q-enq"].depth == 50
