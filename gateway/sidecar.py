@@ -119,6 +119,7 @@ class Sidecar(SiteMember):
         self._last_watermark = 0.0
         self._clean_floor = 0
         self._was_minority = False
+        self.link_port: int | None = None  # D: the bound link port
         self._sender_stats: Any = None
         # (seq, origin time) of events tapped and not yet acked by D: the lag.
         # Bounded by the spool: an overflow drops its oldest entries too.
@@ -285,7 +286,7 @@ class Sidecar(SiteMember):
             else:
                 assert self.config.listen is not None
                 host, port = _split(self.config.listen)
-                await nursery.start(self._serve_ingress, host, port)
+                self.link_port = await nursery.start(self._serve_ingress, host, port)
             log.info("sidecar ready role=%s cseq=%d", self.current_role(), self.state.cseq)
             task_status.started()
 

@@ -33,7 +33,7 @@ from proton.reactor import Container
 PACE_TICK_S = 0.01
 
 
-class Publisher(MessagingHandler):  # type: ignore[misc]
+class Publisher(MessagingHandler):
     def __init__(
         self,
         url: str,
@@ -130,7 +130,7 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
         }
 
 
-class Consumer(MessagingHandler):  # type: ignore[misc]
+class Consumer(MessagingHandler):
     def __init__(
         self, url: str, address: str, count: int, idle_s: float, credit: int, hold: bool
     ) -> None:
@@ -213,7 +213,7 @@ class Consumer(MessagingHandler):  # type: ignore[misc]
         }
 
 
-class Describer(MessagingHandler):  # type: ignore[misc]
+class Describer(MessagingHandler):
     def __init__(self, url: str) -> None:
         super().__init__()
         self.url = url

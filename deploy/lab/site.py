@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -332,9 +333,11 @@ class TwoSites:
         self.metrics = metrics
         # capture_dir: every sidecar records all three streams under it (gateway/capture.py)
         self.capture_dir = Path(capture_dir) if capture_dir is not None else None
-        self.d_listen = {n: free_port() for n in self.nodes}
-        self.wan_listen = {n: free_port() for n in self.nodes}
-        self.wan_control = {n: free_port() for n in self.nodes}
+        # Ports are chosen by the processes themselves (port 0) and read from
+        # what they print: a port picked here could be taken before use.
+        self.d_listen: dict[int, int] = {}
+        self.wan_listen: dict[int, int] = {}
+        self.wan_control: dict[int, int] = {}
         self.metrics_port: dict[tuple[str, int], int] = {}
 
     def __enter__(self) -> TwoSites:
@@ -354,23 +357,28 @@ class TwoSites:
             self.host[lab.name] = lab.attach_root()
         self.p.start()
         self.d.start()
-        for n in self.nodes:
-            self.start_wan(n)
+        # D's sidecars first (each binds its link port), then the emulators
+        # in front of them, then P's sidecars, which need the emulators' ports.
         for n in self.nodes:
             self.start_sidecar(self.d, n)
+        for n in self.nodes:
+            self.start_wan(n)
         for n in self.nodes:
             self.start_sidecar(self.p, n)
 
     def start_wan(self, n: int) -> None:
+        """Emulator n: bound to a port of its choosing (no race for free ports)."""
         argv = [
             sys.executable, "-m", "deploy.lab.wan",
-            "--listen", f"{self.host['site-p']}:{self.wan_listen[n]}",
+            "--listen", f"{self.host['site-p']}:0",
             "--target", f"{self.node_address(self.d, n)}:{self.d_listen[n]}",
-            "--control", f"127.0.0.1:{self.wan_control[n]}",
+            "--control", "127.0.0.1:0",
             "--delay-ms", str(self.delay_ms),
         ]  # fmt: skip
         proc = self.p._spawn(f"wan-{n}", argv)
-        proc.wait_line("wan.serving")
+        line = proc.wait_line("wan.serving")
+        ports = re.findall(r"\('[^']*', (\d+)\)", line)
+        self.wan_listen[n], self.wan_control[n] = int(ports[0]), int(ports[2])
 
     def wan(self, n: int, line: str) -> str:
         argv = [
@@ -405,7 +413,8 @@ class TwoSites:
             lines.append("peers:")
             lines += [f"  - {self.host['site-p']}:{self.wan_listen[m]}" for m in self.nodes]
         else:
-            lines.append(f"listen: {self.node_address(site, n)}:{self.d_listen[n]}")
+            port = self.d_listen.get(n, 0)  # a restarted sidecar keeps its port
+            lines.append(f"listen: {self.node_address(site, n)}:{port}")
         if self.metrics:
             lines.append(f"metrics: {self.node_address(site, n)}:0")
         if self.capture_dir is not None:
@@ -420,6 +429,9 @@ class TwoSites:
         if self.metrics:
             line = proc.wait_line("metrics on")
             self.metrics_port[(site.cluster, n)] = int(line.rsplit(":", 1)[1])
+        if site is self.d:
+            line = proc.wait_line("link listening on port")
+            self.d_listen[n] = int(line.rsplit(" ", 1)[1])
         proc.wait_line("sidecar node")
         return proc
 

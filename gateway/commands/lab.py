@@ -9,9 +9,10 @@ writes ``WORKDIR/lab.json`` and stays in the foreground until Ctrl-C or
 ``down`` sends SIGTERM to the running ``lab up`` and waits for it to finish.
 
 ``--bus embedded`` (the default) runs on loopback without root.
-``--bus corosync`` needs two corosync sites in network namespaces joined to
-the root namespace for the WAN emulators; that part of the lab is not built
-yet, and the command says so instead of half-starting.
+``--bus corosync`` (root) runs each site on three corosync daemons in network
+namespaces (deploy/lab/netns.py), each site's bridge joined to the root
+namespace, where the WAN emulators run; brokers and sidecars run inside their
+node's namespace.
 """
 
 from __future__ import annotations
@@ -81,27 +82,19 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def corosync_missing() -> str:
-    """What `lab up --bus corosync` lacks, for the error message."""
+def corosync_missing() -> str | None:
+    """Why `lab up --bus corosync` cannot run here, or None."""
     from deploy.lab.netns import lab_unavailable_reason
 
-    reason = lab_unavailable_reason()
-    missing = (
-        "two corosync sites joined for the WAN emulators are not built yet: "
-        "deploy/lab/site.py's TwoSites runs on the embedded bus only, and it needs "
-        "two CorosyncSite instances (different prefixes and subnets) with a veth from "
-        "the root namespace into each site's bridge namespace (a .254 address) so the "
-        "WAN emulators can reach both sites, and sidecars started in the node namespaces. "
-        "Use `drgate lab up` (embedded bus) meanwhile; the corosync site bus alone is "
-        "`python -m deploy.lab.netns up`"
-    )
-    return f"{reason}; and {missing}" if reason else missing
+    return lab_unavailable_reason()
 
 
 def _up(args: argparse.Namespace, state_path: Path) -> int:
     ensure_lab_importable()
     if args.bus == "corosync":
-        raise LabCommandError(f"drgate lab up --bus corosync: {corosync_missing()}")
+        reason = corosync_missing()
+        if reason:
+            raise LabCommandError(f"drgate lab up --bus corosync: {reason}")
     if state_path.exists():
         pid = int(_read_state(state_path)["pid"])
         if _pid_alive(pid):
@@ -119,13 +112,16 @@ def _up(args: argparse.Namespace, state_path: Path) -> int:
     try:
         with sigterm_as_interrupt():
             console.print("starting site P and site D ...")
-            with TwoSites(delay_ms=WAN_DELAY_MS, metrics=True, workdir=args.workdir) as two:
+            with TwoSites(
+                delay_ms=WAN_DELAY_MS, metrics=True, workdir=args.workdir, bus=args.bus
+            ) as two:
                 for name, mode in QUEUES.items():
                     done = two.p.admin(1, "add-queue", name, "--replicate", mode)
                     if done.returncode != 0:
                         raise LabCommandError(f"declaring {name} failed: {done.stderr.strip()}")
                 status_urls = [
-                    f"http://127.0.0.1:{port}" for _key, port in sorted(two.metrics_port.items())
+                    two.status_url(cluster, node).removesuffix("/status")
+                    for cluster, node in sorted(two.metrics_port)
                 ]
                 state = {
                     "pid": os.getpid(),

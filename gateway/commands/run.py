@@ -57,6 +57,8 @@ async def serve_sidecar(config: SidecarConfig, *, log_format: str | None = None)
                     )
                 )
                 print(f"drgate run: metrics on {host}:{bound}", flush=True)
+            if sidecar.link_port is not None:
+                print(f"drgate run: link listening on port {sidecar.link_port}", flush=True)
             print(
                 f"drgate run: sidecar node {config.node} of {config.site} ready, "
                 f"role {sidecar.current_role()}",

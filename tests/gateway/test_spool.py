@@ -365,9 +365,7 @@ class SpoolMachine(RuleBasedStateMachine):
     @rule()
     def reopen(self) -> None:
         self.spool.close()
-        self.spool = Spool.open(
-            self.dir, max_bytes=self.MAX, segment_bytes=self.SEG, fsync="never"
-        )
+        self.spool = Spool.open(self.dir, max_bytes=self.MAX, segment_bytes=self.SEG, fsync="never")
 
     @invariant()
     def contents_match(self) -> None:
