@@ -121,6 +121,7 @@ class BrokerSite:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.bus_address: str | None = None
         self.procs: dict[str, Proc] = {}
+        self.clients: list[subprocess.Popen[str]] = []
         self.amqp: dict[int, str] = {}
 
     # -- lifetime ------------------------------------------------------------
@@ -187,6 +188,10 @@ class BrokerSite:
 
     def stop(self) -> None:
         """Stop every process this site started (SIGTERM, then SIGKILL), by pid."""
+        for client in self.clients:
+            if client.poll() is None:
+                client.kill()
+                client.communicate()
         for proc in reversed(list(self.procs.values())):
             if proc.alive():
                 proc.popen.send_signal(signal.SIGTERM)
@@ -238,9 +243,11 @@ class BrokerSite:
         if self.corosync is not None:
             argv = self.corosync.ns_argv(node, argv)
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        return subprocess.Popen(
+        popen = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env
         )
+        self.clients.append(popen)  # stop() ends it if the caller did not
+        return popen
 
     def describe(self, node: int) -> dict[str, Any]:
         result = self.client(node, "describe", self.amqp[node], timeout=60)
