@@ -378,7 +378,7 @@ class TwoSites:
         argv = [
             sys.executable, "-m", "deploy.lab.wan",
             "--listen", f"{self.host['site-p']}:0",
-            "--target", f"{self.node_address(self.d, n)}:{self.d_listen[n]}",
+            "--target", f"{self.node_address(self.d, n)}:{self.d_port(n)}",
             "--control", "127.0.0.1:0",
             "--delay-ms", str(self.delay_ms),
         ]  # fmt: skip
@@ -386,6 +386,13 @@ class TwoSites:
         line = proc.wait_line("wan.serving")
         ports = re.findall(r"\('[^']*', (\d+)\)", line)
         self.wan_listen[n], self.wan_control[n] = int(ports[0]), int(ports[2])
+
+    def d_port(self, n: int) -> int:
+        """D sidecar n's link port: the one it bound, or, when the emulator
+        must start before that sidecar (a D site added later), one chosen now."""
+        if n not in self.d_listen:
+            self.d_listen[n] = free_port()
+        return self.d_listen[n]
 
     def wan(self, n: int, line: str) -> str:
         argv = [
