@@ -50,10 +50,13 @@ One member per process per group: CPG names a member by (nodeid, pid).
 
 from __future__ import annotations
 
+import array
 import collections
+import fcntl
 import itertools
 import os
 import struct
+import termios
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -287,6 +290,7 @@ class CorosyncMember:
         self._quorum_handle = 0
         self._fd = -1
         self._quorum_fd = -1
+        self._available = array.array("i", [0])
         name = config.group.encode()
         if len(name) > CPG_MAX_NAME_LENGTH:
             raise BusError(f"group name {config.group!r} is longer than 128 bytes")
@@ -478,10 +482,22 @@ class CorosyncMember:
         room = EVENTS_QUEUE_LIMIT - len(ready)
         if room <= 0:
             return
+        # libqb writes one notification byte to the CPG fd per event, after
+        # the event itself: the bytes waiting tell how many events can be
+        # dispatched now without blocking and without a call that finds none.
+        try:
+            fcntl.ioctl(self._fd, termios.FIONREAD, self._available)
+        except OSError as exc:
+            self._lost(f"the CPG connection is gone ({exc})")
+            self._end()
+            return
+        available = self._available[0]
+        if available <= 0:
+            return
         dispatch = self._cpg.cpg_dispatch
         handle = self._handle
         before = len(ready)
-        for _ in range(room):
+        for _ in range(min(room, available)):
             rc = dispatch(handle, CS_DISPATCH_ONE_NONBLOCKING)
             if rc != CS_OK:
                 if rc != CS_ERR_TRY_AGAIN:

@@ -5,11 +5,14 @@ Theory of operation
 One sequencer process (``drgate bus``) serves one group.  A member connects,
 says HELLO (group, node, role) and gets WELCOME with its ``MemberId``
 (its node and the sequencer's connection number).  Every connection has a
-reader task that posts what it reads (join, multicast, leave) into one bounded
-inbox; a single sequencer task takes the inbox in arrival order, and that
-order *is* the agreed order: for each item it encodes one frame (a DELIVER or
-a VIEW) and puts it in the bounded outbox of every member, the sender
-included.  A writer task per connection drains its outbox to the socket.
+reader task that posts what it reads (join, a batch of the multicasts one
+socket read brought, leave) into one bounded inbox; a single sequencer task
+takes the inbox in arrival order, and that order *is* the agreed order: for
+each item it encodes the frames (DELIVERs or a VIEW) and puts them, as one
+buffer, in the bounded outbox of every member, the sender included.  A writer
+task per connection drains its outbox to the socket.  Batching keeps the
+per-message work down to encoding: one inbox item, one outbox item per member
+and one socket write carry many messages.
 
 View changes happen on join, on goodbye, on EOF and on a broken socket (a
 member killed without a goodbye), always at one point of the single ordered
@@ -27,6 +30,7 @@ single-machine engine, not a production one (corosync is).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import os
@@ -77,8 +81,13 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 EVENTS_QUEUE_LIMIT = 128
 # Frames waiting for one member's socket at the sequencer.
 OUTBOX_LIMIT = 64
-# Items waiting for the sequencer task (joins, multicasts, leaves).
+# Items waiting for the sequencer task (joins, batches of multicasts, leaves).
 INBOX_LIMIT = 64
+# Multicasts a connection's reader hands to the sequencer in one inbox item:
+# what one socket read brought, at most this many frames.
+INBOX_BATCH = 64
+# Events read by the application between two yields to the scheduler.
+READS_PER_CHECKPOINT = 32
 # Writers coalesce up to this many queued frames into one send.
 _COALESCE_FRAMES = 64
 _RECEIVE_BYTES = 256 * 1024
@@ -126,25 +135,44 @@ class _FrameReader:
         self._buffer = bytearray()
 
     async def read_frame_untrusted(self) -> tuple[int, bytes] | None:
-        buffer = self._buffer
         while True:
-            if len(buffer) >= _FRAME_HEAD.size:
-                length, kind = _FRAME_HEAD.unpack_from(buffer)
+            frames = self.buffered_frames_untrusted(1)
+            if frames:
+                return frames[0]
+            if not await self.receive_more():
+                return None
+
+    def buffered_frames_untrusted(self, limit: int) -> list[tuple[int, bytes]]:
+        """Up to ``limit`` whole frames already received, without waiting."""
+        buffer = self._buffer
+        frames: list[tuple[int, bytes]] = []
+        size = len(buffer)
+        pos = 0
+        with memoryview(buffer) as view:
+            while len(frames) < limit and size - pos >= _FRAME_HEAD.size:
+                length, kind = _FRAME_HEAD.unpack_from(buffer, pos)
                 if length < 1 or length > MAX_FRAME_BYTES:
                     raise RemoteProtocolError(f"frame length {length} outside 1..{MAX_FRAME_BYTES}")
-                end = 4 + length
-                if len(buffer) >= end:
-                    body = bytes(buffer[_FRAME_HEAD.size : end])
-                    del buffer[:end]
-                    return kind, body
-            data = await self._stream.receive_some(_RECEIVE_BYTES)
-            if not data:
-                if buffer:
-                    raise RemoteProtocolError(
-                        f"connection closed inside a frame ({len(buffer)} bytes)"
-                    )
-                return None
-            buffer += data
+                end = pos + 4 + length
+                if end > size:
+                    break
+                frames.append((kind, bytes(view[pos + _FRAME_HEAD.size : end])))
+                pos = end
+        if pos:
+            del buffer[:pos]
+        return frames
+
+    async def receive_more(self) -> bool:
+        """Read what the peer sent next; ``False`` at a clean EOF."""
+        data = await self._stream.receive_some(_RECEIVE_BYTES)
+        if not data:
+            if self._buffer:
+                raise RemoteProtocolError(
+                    f"connection closed inside a frame ({len(self._buffer)} bytes)"
+                )
+            return False
+        self._buffer += data
+        return True
 
 
 # --- sequencer ----------------------------------------------------------------
@@ -182,7 +210,7 @@ class SequencerServer:
         self._sequenced = 0
         self._outbox_max = 0
         self._inbox_send, self._inbox_recv = trio.open_memory_channel[
-            tuple[str, _Connection, bytes]
+            tuple[str, _Connection, list[bytes]]
         ](INBOX_LIMIT)
 
     def statistics(self) -> SequencerStatistics:
@@ -215,17 +243,20 @@ class SequencerServer:
             task_status.started((sockname[0], sockname[1]))
 
     async def _sequence(self) -> None:
-        async for kind, conn, payload in self._inbox_recv:
+        async for kind, conn, payloads in self._inbox_recv:
             if kind == "join":
                 assert conn.member is not None
                 self._members[conn.number] = conn
                 await self._view(joined=(conn.member,), left=())
             elif kind == "mcast":
                 if conn.number in self._members and conn.member is not None:
-                    self._sequenced += 1
-                    head = _FRAME_HEAD.pack(len(payload) + 9, DELIVER)
-                    frame = head + _IDPAIR.pack(conn.member.node, conn.member.pid) + payload
-                    await self._broadcast(frame)
+                    self._sequenced += len(payloads)
+                    sender = _IDPAIR.pack(conn.member.node, conn.member.pid)
+                    parts = []
+                    for payload in payloads:
+                        parts.append(_FRAME_HEAD.pack(len(payload) + 9, DELIVER) + sender)
+                        parts.append(payload)
+                    await self._broadcast(b"".join(parts))
             else:  # leave
                 await self._drop(conn)
 
@@ -279,7 +310,7 @@ class SequencerServer:
             async with trio.open_nursery() as nursery:
                 conn.cancel_scope = nursery.cancel_scope
                 nursery.start_soon(self._write_loop, conn)
-                await self._inbox_send.send(("join", conn, b""))
+                await self._inbox_send.send(("join", conn, []))
                 with contextlib.suppress(
                     trio.BrokenResourceError, trio.ClosedResourceError, RemoteProtocolError, OSError
                 ):
@@ -287,25 +318,37 @@ class SequencerServer:
                     await self._read_loop(conn, reader)
                 # Stop the writer only once the sequencer has closed our
                 # outbox (after the leave): it flushes what is queued.
-                await self._inbox_send.send(("leave", conn, b""))
+                await self._inbox_send.send(("leave", conn, []))
         except (trio.BrokenResourceError, trio.ClosedResourceError, RemoteProtocolError, OSError):
             pass
         finally:
             if conn.member is not None:
                 with trio.CancelScope(shield=True), trio.move_on_after(5):
-                    await self._inbox_send.send(("leave", conn, b""))
+                    await self._inbox_send.send(("leave", conn, []))
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 await trio.aclose_forcefully(stream)
 
     async def _read_loop(self, conn: _Connection, reader: _FrameReader) -> None:
         while True:
-            frame = await reader.read_frame_untrusted()
-            if frame is None or frame[0] == GOODBYE:
+            frames = reader.buffered_frames_untrusted(INBOX_BATCH)
+            if not frames:
+                if not await reader.receive_more():
+                    return
+                continue
+            payloads = []
+            goodbye = False
+            for kind, body in frames:
+                if kind == MCAST:
+                    payloads.append(body)
+                elif kind == GOODBYE:
+                    goodbye = True
+                    break
+                else:
+                    raise RemoteProtocolError(f"unexpected frame type {kind} from a member")
+            if payloads:
+                await self._inbox_send.send(("mcast", conn, payloads))
+            if goodbye:
                 return
-            if frame[0] == MCAST:
-                await self._inbox_send.send(("mcast", conn, frame[1]))
-            else:
-                raise RemoteProtocolError(f"unexpected frame type {frame[0]} from a member")
 
     async def _write_loop(self, conn: _Connection) -> None:
         assert conn.outbox_recv is not None
@@ -360,9 +403,13 @@ class EmbeddedMember:
         self._stream = stream
         self._reader = reader
         self._send_lock = trio.Lock()
-        self._events_send, self._events_recv = trio.open_memory_channel[BusEvent](
-            EVENTS_QUEUE_LIMIT
-        )
+        # Events decoded for the application: a deque the reader takes from
+        # without a task switch per event, never more than EVENTS_QUEUE_LIMIT.
+        self._ready: collections.deque[BusEvent] = collections.deque()
+        self._reader_wakeup: trio.Event | None = None
+        self._room_wakeup: trio.Event | None = None
+        self._ended = False
+        self._reads = 0
         self._error: BusError | None = None
         self._leaving = False
         self._queued_max = 0
@@ -372,7 +419,7 @@ class EmbeddedMember:
 
     def statistics(self) -> BusStatistics:
         return BusStatistics(
-            events_queued=self._events_recv.statistics().current_buffer_used,
+            events_queued=len(self._ready),
             events_queued_max=self._queued_max,
             events_queue_limit=EVENTS_QUEUE_LIMIT,
             delivered=self._delivered,
@@ -388,7 +435,12 @@ class EmbeddedMember:
         if len(payload) + 1 > MAX_FRAME_BYTES:
             raise BusError(f"payload of {len(payload)} bytes exceeds {MAX_FRAME_BYTES - 1}")
         head = _FRAME_HEAD.pack(len(payload) + 1, MCAST)
-        async with self._send_lock:
+        lock = self._send_lock
+        try:
+            lock.acquire_nowait()  # the common case: no task switch
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
             try:
                 # Small payloads: one buffer, one write; large ones: no copy.
                 if len(payload) < 65536:
@@ -398,6 +450,8 @@ class EmbeddedMember:
                     await self._stream.send_all(payload)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 raise self._lost(f"send failed: {exc}") from None
+        finally:
+            lock.release()
         self._multicast += 1
 
     def events(self) -> AsyncIterator[BusEvent]:
@@ -412,12 +466,28 @@ class EmbeddedMember:
                 await self._stream.send_all(_frame(GOODBYE))
 
     async def _next_event(self) -> BusEvent:
-        try:
-            return await self._events_recv.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
-            if self._error is not None:
-                raise self._error from None
-            raise StopAsyncIteration from None
+        ready = self._ready
+        while not ready:
+            if self._ended:
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            self._reader_wakeup = wakeup = trio.Event()
+            await wakeup.wait()
+        event = ready.popleft()
+        if self._room_wakeup is not None and len(ready) <= EVENTS_QUEUE_LIMIT // 2:
+            self._room_wakeup.set()
+            self._room_wakeup = None
+        self._reads += 1
+        if self._reads % READS_PER_CHECKPOINT == 0:
+            await trio.lowlevel.checkpoint()
+        return event
+
+    def _wake_reader(self) -> None:
+        wakeup = self._reader_wakeup
+        if wakeup is not None:
+            self._reader_wakeup = None
+            wakeup.set()
 
     def _lost(self, why: str) -> BusError:
         if self._error is None:
@@ -428,11 +498,26 @@ class EmbeddedMember:
         return self._error
 
     async def _read_loop(self) -> None:
-        send = self._events_send
+        ready = self._ready
+        reader = self._reader
         try:
             while True:
+                room = EVENTS_QUEUE_LIMIT - len(ready)
+                if room <= 0:
+                    # Full queue: stop reading the socket rather than buffer;
+                    # that is what slows the sequencer down.
+                    self._send_waits += 1
+                    self._room_wakeup = wakeup = trio.Event()
+                    await wakeup.wait()
+                    continue
                 try:
-                    frame = await self._reader.read_frame_untrusted()
+                    frames = reader.buffered_frames_untrusted(room)
+                    if not frames:
+                        if not await reader.receive_more():
+                            if not self._leaving:
+                                self._lost("the sequencer closed the connection")
+                            return
+                        continue
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     if not self._leaving:
                         self._lost(str(exc))
@@ -440,33 +525,25 @@ class EmbeddedMember:
                 except RemoteProtocolError as exc:
                     self._lost(f"bad frame: {exc}")
                     return
-                if frame is None:
-                    if not self._leaving:
-                        self._lost("the sequencer closed the connection")
-                    return
-                kind, body = frame
-                event: BusEvent
-                if kind == DELIVER and len(body) >= _IDPAIR.size:
-                    event = Delivery(MemberId(*_IDPAIR.unpack_from(body)), body[_IDPAIR.size :])
-                    self._delivered += 1
-                elif kind == VIEW:
-                    try:
-                        event = decode_view_untrusted(body)
-                    except RemoteProtocolError as exc:
-                        self._lost(f"bad frame: {exc}")
+                for kind, body in frames:
+                    if kind == DELIVER and len(body) >= _IDPAIR.size:
+                        sender = MemberId(*_IDPAIR.unpack_from(body))
+                        ready.append(Delivery(sender, body[_IDPAIR.size :]))
+                        self._delivered += 1
+                    elif kind == VIEW:
+                        try:
+                            ready.append(decode_view_untrusted(body))
+                        except RemoteProtocolError as exc:
+                            self._lost(f"bad frame: {exc}")
+                            return
+                    else:
+                        self._lost(f"unexpected frame type {kind}")
                         return
-                else:
-                    self._lost(f"unexpected frame type {kind}")
-                    return
-                if send.statistics().current_buffer_used >= EVENTS_QUEUE_LIMIT:
-                    self._send_waits += 1
-                # Full channel: wait (stop reading the socket) rather than
-                # buffer; that is what slows the sequencer down.
-                await send.send(event)
-                used = send.statistics().current_buffer_used
-                self._queued_max = max(self._queued_max, used)
+                self._queued_max = max(self._queued_max, len(ready))
+                self._wake_reader()
         finally:
-            send.close()
+            self._ended = True
+            self._wake_reader()
 
 
 @asynccontextmanager
