@@ -45,7 +45,7 @@ from cluster.state.views import applied
 from filters.matcher import RuleSet
 from gateway import resync as rs
 from gateway.capture import CaptureConfig, CaptureSink, capture_role
-from gateway.spool import Spool
+from gateway.spool import DEFAULT_SEGMENT_BYTES, Spool
 from gateway.tap import ReplEvent, Tap
 from protocol import cluster as pc
 from protocol import link
@@ -227,16 +227,22 @@ class Sidecar(SiteMember):
         self._events.clear()
         self._roles_may_have_changed()
 
+    def _open_spool(self) -> Spool:
+        """The spool, holding every event above the current cseq."""
+        return Spool.open(
+            self.config.spool_dir,
+            max_bytes=self.config.spool_max_bytes,
+            # A small spool gets small segments, so an overflow drops little.
+            segment_bytes=min(DEFAULT_SEGMENT_BYTES, self.config.spool_max_bytes // 8),
+            fsync=self.config.fsync,
+            start_after=self.state.cseq,
+        )
+
     def _after_restore(self) -> None:
         if self.spool is not None or not self.ready.is_set():
             return  # the first join: serve() opens the spool
         self.tap.resync_rules(self.state)
-        self.spool = Spool.open(
-            self.config.spool_dir,
-            max_bytes=self.config.spool_max_bytes,
-            fsync=self.config.fsync,
-            start_after=self.state.cseq,
-        )
+        self.spool = self._open_spool()
         self._clean_floor = 0
         self._roles_may_have_changed()
 
@@ -271,12 +277,7 @@ class Sidecar(SiteMember):
             # Events tapped before the spool opens were part of the snapshot
             # or of the genesis; the spool starts above the current cseq.
             self.tap.resync_rules(self.state)
-            self.spool = Spool.open(
-                self.config.spool_dir,
-                max_bytes=self.config.spool_max_bytes,
-                fsync=self.config.fsync,
-                start_after=self.state.cseq,
-            )
+            self.spool = self._open_spool()
             # A cut that holds nothing to replicate: a D that has applied
             # nothing loses nothing by starting at the spool's floor.
             self._clean_floor = self.spool.floor if not self._replicated_state() else 0

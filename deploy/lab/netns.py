@@ -107,12 +107,14 @@ class CorosyncSite:
         subnet: str = "10.213.1",
         prefix: str = "dgA",
         workdir: str | Path | None = None,
+        token_ms: int = TOKEN_MS,
     ) -> None:
         if not re.fullmatch(r"[A-Za-z0-9]{1,8}", prefix):
             raise LabError(f"prefix {prefix!r}: use 1 to 8 letters or digits")
         if not re.fullmatch(r"\d{1,3}\.\d{1,3}\.\d{1,3}", subnet):
             raise LabError(f"subnet {subnet!r}: give the first three octets, e.g. 10.213.1")
         self.name = name
+        self.token_ms = token_ms
         self.prefix = prefix
         self.subnet = subnet
         self.bridge_netns = f"{prefix}br"
@@ -197,7 +199,7 @@ class CorosyncSite:
             "    transport: knet\n"
             "    crypto_cipher: none\n"
             "    crypto_hash: none\n"
-            f"    token: {TOKEN_MS}\n"
+            f"    token: {self.token_ms}\n"
             "}\n"
             f"nodelist {{\n{nodelist}}}\n"
             "quorum {\n"

@@ -286,6 +286,7 @@ def free_port() -> int:
 
 
 LAB_RULES = ROOT / "deploy" / "rules" / "lab.yaml"
+TWO_SITE_TOKEN_MS = 3000
 
 
 class TwoSites:
@@ -306,17 +307,26 @@ class TwoSites:
         metrics: bool = False,
         capture_dir: str | Path | None = None,
         bus: str = "embedded",
+        spool_max_bytes: int | None = None,
     ) -> None:
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="twosites-"))
         self.bus = bus
+        self.spool_max_bytes = spool_max_bytes
         self.labs: list[CorosyncSite] = []
         self.host = {"site-p": "127.0.0.1", "site-d": "127.0.0.1"}
         p_lab = d_lab = None
         if bus == "corosync":
             # Two corosync sites in namespaces, each bridge joined to the root
             # namespace, where the WAN emulators run.
-            p_lab = CorosyncSite("site-p", nodes=nodes, subnet="10.213.20", prefix="dgP")
-            d_lab = CorosyncSite("site-d", nodes=nodes, subnet="10.213.21", prefix="dgD")
+            # A longer token than a single site's lab: two sites and their
+            # clients load the machine, and a membership change is not what
+            # these runs test (test_minority.py does, with the short token).
+            p_lab = CorosyncSite(
+                "site-p", nodes=nodes, subnet="10.213.20", prefix="dgP", token_ms=TWO_SITE_TOKEN_MS
+            )
+            d_lab = CorosyncSite(
+                "site-d", nodes=nodes, subnet="10.213.21", prefix="dgD", token_ms=TWO_SITE_TOKEN_MS
+            )
             self.labs = [p_lab, d_lab]
         self.p = BrokerSite(
             "site-p",
@@ -421,6 +431,7 @@ class TwoSites:
             f"  group: {site.group}",
             *([f"  address: {site.bus_address}"] if site.backend == "embedded" else []),
             f"spool:\n  directory: {spool}\n  fsync: never",
+            *([f"  max_bytes: {self.spool_max_bytes}"] if self.spool_max_bytes else []),
             f"rules: {self.rules}",
         ]
         if primary:

@@ -153,19 +153,19 @@ def test_full_replica_is_read_only_at_d(two: TwoSites) -> None:
 
 
 def test_wan_cut_for_five_seconds(two_any: TwoSites) -> None:
-    publishers = publish_all(two_any, 3000)
+    publishers = publish_all(two_any, 1500)
     wait_for("P is mid-stream", lambda: depth_at_p(two_any, "q-enq") >= 500)
     for n in two_any.nodes:
         two_any.wan(n, "cut")
     time.sleep(5)  # the scenario: the WAN is down for five seconds
     for n in two_any.nodes:
         two_any.wan(n, "restore")
-    finish(publishers, 3000)
-    check_invariants(two_any, 3000)
+    finish(publishers, 1500)
+    check_invariants(two_any, 1500)
 
 
 def test_active_egress_killed(two_any: TwoSites) -> None:
-    publishers = publish_all(two_any, 3000)
+    publishers = publish_all(two_any, 1500)
     wait_for("P is mid-stream", lambda: depth_at_p(two_any, "q-enq") >= 500)
     two_any.p.kill("sidecar-1", signal.SIGKILL)
     took = wait_for(
@@ -176,12 +176,12 @@ def test_active_egress_killed(two_any: TwoSites) -> None:
         ),
     )
     print(f"egress takeover after SIGKILL: {took:.2f} s")
-    finish(publishers, 3000)
-    check_invariants(two_any, 3000)
+    finish(publishers, 1500)
+    check_invariants(two_any, 1500)
 
 
 def test_active_ingress_killed(two_any: TwoSites) -> None:
-    publishers = publish_all(two_any, 3000)
+    publishers = publish_all(two_any, 1500)
     wait_for("P is mid-stream", lambda: depth_at_p(two_any, "q-enq") >= 500)
     two_any.d.kill("sidecar-1", signal.SIGKILL)
     took = wait_for(
@@ -192,8 +192,8 @@ def test_active_ingress_killed(two_any: TwoSites) -> None:
         ),
     )
     print(f"ingress takeover after SIGKILL: {took:.2f} s")
-    finish(publishers, 3000)
-    check_invariants(two_any, 3000)
+    finish(publishers, 1500)
+    check_invariants(two_any, 1500)
 
 
 def test_broker_on_the_egress_node_killed(two_any: TwoSites) -> None:
@@ -205,7 +205,7 @@ def test_broker_on_the_egress_node_killed(two_any: TwoSites) -> None:
 
 
 def test_d_sidecar_started_empty_takes_part_in_failover(two_any: TwoSites) -> None:
-    publishers = publish_all(two_any, 3000)
+    publishers = publish_all(two_any, 1500)
     wait_for("P is mid-stream", lambda: depth_at_p(two_any, "q-enq") >= 500)
     two_any.d.kill("sidecar-3", signal.SIGKILL)
     spool = two_any.d.workdir / "spool-3"
@@ -221,5 +221,5 @@ def test_d_sidecar_started_empty_takes_part_in_failover(two_any: TwoSites) -> No
             and status(two_any, "site-d", 3)["link_state"] == "up"
         ),
     )
-    finish(publishers, 3000)
-    check_invariants(two_any, 3000)
+    finish(publishers, 1500)
+    check_invariants(two_any, 1500)

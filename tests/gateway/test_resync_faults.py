@@ -1,0 +1,114 @@
+"""Resync under faults: every P spool overflowed while D was down; the active
+egress killed in the middle of a resync.  Two sites on the embedded bus."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploy.lab.site import TwoSites, finish_client
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
+
+DEADLINE_S = 120.0
+MODES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring"}
+# Small enough that a few thousand events overflow it (segments of 32 KiB).
+SPOOL_BYTES = 256 * 1024
+
+
+def wait_for(what: str, check: Callable[[], bool], *, timeout: float = DEADLINE_S) -> float:
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting until {what}")
+        time.sleep(0.1)  # polling other processes: there is no event to await
+    return time.monotonic() - start
+
+
+def queues(described: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {q["name"]: q for q in described["queues"]}
+
+
+def status(two: TwoSites, site: str, node: int) -> dict[str, Any]:
+    with urllib.request.urlopen(two.status_url(site, node), timeout=5) as reply:
+        result: dict[str, Any] = json.load(reply)
+        return result
+
+
+def converged(two: TwoSites) -> bool:
+    p, d = queues(two.p.describe(2)), queues(two.d.describe(2))
+    return "q-full" in d and p["q-full"]["digest"] == d["q-full"]["digest"]
+
+
+def publish(two: TwoSites, queue: str, count: int, start: int = 1) -> Any:
+    return two.p.client_popen(
+        1, "publish", two.p.amqp[1], queue, "--count", str(count), "--start", str(start)
+    )
+
+
+@pytest.fixture
+def two(tmp_path: Path) -> Iterator[TwoSites]:
+    with TwoSites(workdir=tmp_path, metrics=True, spool_max_bytes=SPOOL_BYTES) as sites:
+        for queue, mode in MODES.items():
+            done = sites.p.admin(1, "add-queue", queue, "--replicate", mode)
+            assert done.returncode == 0, done.stderr
+        yield sites
+
+
+def test_d_down_while_every_spool_overflowed_is_resynced_without_redelivery(
+    two: TwoSites,
+) -> None:
+    # D's consumers take the first 300 messages of the enqueue queue.
+    assert finish_client(publish(two, "q-enq", 300))["accepted"] == 300
+    taken = two.d.client(2, "consume", two.d.amqp[2], "q-enq", "--count", "300", "--idle", "30")
+    assert taken["ids"] == [f"m-{i}" for i in range(1, 301)]
+    # D's sidecars go down; P goes on until every spool has overflowed.
+    for n in two.nodes:
+        two.d.kill(f"sidecar-{n}", signal.SIGKILL)
+    more = [publish(two, q, 3000, start=301) for q in ("q-enq", "q-full")]
+    for publisher in more:
+        assert finish_client(publisher)["accepted"] == 3000
+    for n in two.nodes:
+        wait_for(
+            f"P sidecar {n}'s spool overflowed",
+            lambda n=n: status(two, "site-p", n)["spool"]["needs_resync"] is True,
+        )
+    for n in two.nodes:
+        two.start_sidecar(two.d, n)
+    wait_for("D's full replica equals P's queue after the resync", lambda: converged(two))
+    assert status(two, "site-p", 1)["resync"]["total"] >= 1
+    got = two.d.client(2, "consume", two.d.amqp[2], "q-enq", "--count", "3000", "--idle", "10")
+    # Only what D had not received: nothing its consumers took comes back.
+    assert got["ids"] == [f"m-{i}" for i in range(301, 3301)]
+
+
+def test_active_egress_killed_mid_resync_restarts_it_on_the_standby(two: TwoSites) -> None:
+    for n in two.nodes:
+        two.d.kill(f"sidecar-{n}", signal.SIGKILL)
+    for publisher in [publish(two, q, 3000) for q in ("q-enq", "q-full")]:
+        assert finish_client(publisher)["accepted"] == 3000
+    for n in two.nodes:  # slow enough to catch the resync in the middle
+        two.wan(n, "set rate_bps=40000 dir=up")
+    for n in two.nodes:
+        two.start_sidecar(two.d, n)
+
+    def midway() -> bool:
+        resync = status(two, "site-p", 1)["resync"]
+        return bool(resync["active"]) and 0 < resync["progress_ratio"] < 1
+
+    wait_for("the egress is in the middle of a resync", midway)
+    two.p.kill("sidecar-1", signal.SIGKILL)
+    assert "q-full" not in queues(two.d.describe(1)), "a cut resync must apply nothing"
+    for n in two.nodes:
+        two.wan(n, "set rate_bps=0 dir=up")
+    wait_for("the standby resynced D", lambda: converged(two))
+    assert status(two, "site-p", 2)["role"] == "egress"
+    got = two.d.client(2, "consume", two.d.amqp[2], "q-enq", "--count", "3000", "--idle", "10")
+    assert got["ids"] == [f"m-{i}" for i in range(1, 3001)]
