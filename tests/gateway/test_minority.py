@@ -63,10 +63,7 @@ def status(lab: CorosyncSite, node: int) -> dict[str, Any]:
     """The sidecar's /status, fetched from inside node 1's namespace (the
     test's own namespace has no route to the lab's)."""
     url = f"http://{lab.node(node).address}:{STATUS_PORT}/status"
-    code = (
-        "import urllib.request;"
-        f"print(urllib.request.urlopen({url!r},timeout=3).read().decode())"
-    )
+    code = f"import urllib.request;print(urllib.request.urlopen({url!r},timeout=3).read().decode())"
     asking = 1 if node != 1 else 2
     done = lab.run_in(asking if node == 3 else node, [sys.executable, "-c", code], timeout=10)
     if done.returncode != 0:
