@@ -188,12 +188,69 @@ def burst(workdir: Path, metrics: bool, label: str) -> float:
         return float(result["delivered_per_s"])
 
 
+def resync_rate(workdir: Path, count: int) -> dict[str, float]:
+    """Seed an empty D from a P holding ``count`` messages in a ``full`` queue:
+    messages/s and MB/s of the resync, from D's sidecars being up to D's
+    replica equal to P's queue (digests)."""
+    two = TwoSites(delay_ms=25, metrics=True, workdir=workdir / "resync")
+    try:
+        # P first, D's brokers and the WAN; D's sidecars only once P is loaded.
+        two.p.start()
+        two.d.start()
+        for n in two.nodes:
+            two.start_wan(n)
+        for n in two.nodes:
+            two.start_sidecar(two.p, n)
+        done = two.p.admin(1, "add-queue", "q-full", "--replicate", "full")
+        if done.returncode != 0:
+            raise RuntimeError(f"declare q-full: {done.stderr}")
+        share = count // 3
+        publishers = [
+            two.p.client_popen(
+                n, "publish", two.p.amqp[n], "q-full", "--count", str(share),
+                "--start", str(1 + (n - 1) * share), "--size", "200",
+            )
+            for n in two.nodes
+        ]  # fmt: skip
+        for publisher in publishers:
+            finish_client(publisher, timeout=1200)
+        for n in two.nodes:
+            two.start_sidecar(two.d, n)
+        started = time.monotonic()
+
+        def digest(site: Any) -> str | None:
+            for q in site.describe(2)["queues"]:
+                if q["name"] == "q-full":
+                    return str(q["digest"])
+            return None
+
+        target = digest(two.p)
+        while digest(two.d) != target:
+            if time.monotonic() - started > 600:
+                raise RuntimeError("the resync did not finish in 10 minutes")
+            time.sleep(0.2)  # polling other processes
+        took = time.monotonic() - started
+        with urllib.request.urlopen(two.status_url("site-p", 1), timeout=5) as r:
+            resync = json.load(r)["resync"]
+        return {
+            "messages": float(3 * share),
+            "seconds": took,
+            "per_s": 3 * share / took,
+            "mb_per_s": float(resync.get("bytes_total") or 0) / took / 1e6,
+        }
+    finally:
+        two.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--step", type=float, default=8.0, help="seconds per load step")
     parser.add_argument("--loads", default=",".join(map(str, LOADS)))
     parser.add_argument("--bursts", type=int, default=1, help="metrics on/off bursts each")
     parser.add_argument("--corosync", action="store_true", help="also the corosync bus (root)")
+    parser.add_argument(
+        "--resync", type=int, default=100_000, help="messages queued at P for the resync rate"
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="e2e-bench-"))
 
@@ -250,6 +307,15 @@ def main() -> int:
         f"metrics cost: delivered/s on {on_m:.0f} / off {off_m:.0f} = ratio {on_m / off_m:.3f} "
         f"(target >= 0.95; {args.bursts} burst(s) of {BURST} each)"
     )
+    if args.resync:
+        print(f"resync of {args.resync} queued messages ...", flush=True)
+        r = resync_rate(workdir, args.resync)
+        steady = max(on_m, off_m)
+        print(
+            f"resync: {r['messages']:.0f} messages in {r['seconds']:.1f} s = {r['per_s']:.0f} "
+            f"msgs/s, {r['mb_per_s']:.2f} MB/s on the link; steady streaming (unpaced burst, "
+            f"same run) {steady:.0f} msgs/s; ratio {r['per_s'] / steady:.1f} (target >= 3)"
+        )
     return 0
 
 
