@@ -374,6 +374,7 @@ def test_valid_sidecar_config_builds_the_frozen_object(tmp_path: Path) -> None:
         "tls_key": None,
         "tls_ca": None,
         "metrics": "0.0.0.0:9464",
+        "capture": None,
     }
     got = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "rules"}
     assert got == expected
