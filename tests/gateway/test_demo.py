@@ -55,7 +55,8 @@ def test_lab_up_on_corosync_runs_both_sites_until_lab_down(tmp_path: Path) -> No
             pytest.fail(f"the corosync suite must run in CI: {reason}")
         pytest.skip(reason)
     root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=str(root))
+    # Wide enough that rich does not cut the role column.
+    env = dict(os.environ, PYTHONPATH=str(root), COLUMNS="250")
     argv = [sys.executable, "-m", "gateway.cli", "lab"]
     lab = subprocess.Popen(
         [*argv, "up", "--bus", "corosync", "--workdir", str(tmp_path)],

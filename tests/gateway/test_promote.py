@@ -136,11 +136,17 @@ def test_new_incarnation_is_refused_until_accepted(two: TwoSites) -> None:
     assert publish(two, "q-full", 50) == 50
     assert publish(two, "q-enq", 30) == 30
 
+    seen: dict[str, str] = {}
+
     def refused() -> bool:
-        return "--accept-incarnation" in status(two, "site-p", 1)["last_error"]
+        # Keep the text seen: the next attempt may end with another error.
+        text = str(status(two, "site-p", 1)["last_error"])
+        if "--accept-incarnation" in text:
+            seen["error"] = text
+        return "error" in seen
 
     wait_for("P's egress is refused with the accept command", refused)
-    error = status(two, "site-p", 1)["last_error"]
+    error = seen["error"]
     match = re.search(r"--accept-incarnation (\d+)", error)
     assert match is not None and "incarnation" in error
     after = queues(two.d.describe(2))
