@@ -274,8 +274,11 @@ class CorosyncMember:
         self._callback_error: BaseException | None = None
         # One multicast at a time (chunks of one payload stay together): a
         # flag and a parking lot, cheaper than trio.Lock on the hot path.
-        self._sending = False
-        self._send_waiters = trio.lowlevel.ParkingLot()
+        # One multicast at a time, in the order they were called: a member's
+        # own messages (and the chunks of a large one) keep their order.
+        # trio.StrictFIFOLock hands the lock to the longest waiter; a flag and
+        # a parking lot let a newcomer overtake a woken waiter.
+        self._send_lock = trio.StrictFIFOLock()
         self._error: BusError | None = None
         self._leaving = False
         self._left = False
@@ -377,10 +380,7 @@ class CorosyncMember:
             raise self._error
         if self._leaving:
             raise BusError(f"member {self.me} has left group {self._config.group!r}")
-        while self._sending:
-            await self._send_waiters.park()
-        self._sending = True
-        try:
+        async with self._send_lock:
             if len(payload) <= CHUNK_BYTES:
                 await self._mcast(None, payload)
             else:
@@ -391,10 +391,6 @@ class CorosyncMember:
                     head = _CHUNK.pack(_CHUNK_KIND, number, index, count)
                     chunk = view[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES]
                     await self._mcast(head, chunk)
-        finally:
-            self._sending = False
-            if self._send_waiters:
-                self._send_waiters.unpark()
         self._multicast += 1
 
     def events(self) -> AsyncIterator[BusEvent]:
