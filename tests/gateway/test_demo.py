@@ -89,8 +89,14 @@ def test_lab_up_on_corosync_runs_both_sites_until_lab_down(tmp_path: Path) -> No
         assert lab.wait(timeout=120) == 0
     finally:
         if lab.poll() is None:
-            lab.kill()
-            lab.communicate()
+            # SIGTERM lets `lab up` stop every process it started; SIGKILL
+            # would orphan them.
+            lab.terminate()
+            try:
+                lab.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                lab.kill()
+                lab.communicate()
         else:
             lab.communicate()
     assert [n for n in list_netns() if n.startswith(("dgP", "dgD"))] == []
