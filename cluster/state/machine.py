@@ -301,28 +301,30 @@ def _queue_declare(
         )
 
 
-def _queue_delete(state: SiteState, cmd: QueueDelete, sender: Sender | None, eff: Effects) -> None:
-    q = state.queues.get(cmd.queue)
+def _writable_queue(
+    state: SiteState, name: str, sender: Sender | None, eff: Effects, verb: str, passive: str
+) -> Queue | None:
+    """The local queue ``name`` for a command that changes it, or None after
+    refusing: unknown queue, or a read-only replica (R3)."""
+    q = state.queues.get(name)
     if q is None:
         _refuse(
-            state,
-            eff,
-            sender,
-            Reason.UNKNOWN_QUEUE,
-            cmd.queue,
-            f"cannot delete queue {cmd.queue!r}: no such queue",
-        )
-        return
+            state, eff, sender, Reason.UNKNOWN_QUEUE, name,
+            f"cannot {verb} queue {name!r}: no such queue",
+        )  # fmt: skip
+        return None
     origin = _read_only_origin(state, q)
     if origin is not None:
         _refuse(
-            state,
-            eff,
-            sender,
-            Reason.READ_ONLY,
-            cmd.queue,
-            _read_only_text(q.name, origin, "be deleted"),
-        )
+            state, eff, sender, Reason.READ_ONLY, name, _read_only_text(q.name, origin, passive)
+        )  # fmt: skip
+        return None
+    return q
+
+
+def _queue_delete(state: SiteState, cmd: QueueDelete, sender: Sender | None, eff: Effects) -> None:
+    q = _writable_queue(state, cmd.queue, sender, eff, "delete", "be deleted")
+    if q is None:
         return
     _delete_queue(state, q, eff)
 
@@ -609,27 +611,8 @@ def _purge_available(q: Queue) -> list[int]:
 
 
 def _purge(state: SiteState, cmd: Purge, sender: Sender | None, eff: Effects) -> None:
-    q = state.queues.get(cmd.queue)
+    q = _writable_queue(state, cmd.queue, sender, eff, "purge", "be purged")
     if q is None:
-        _refuse(
-            state,
-            eff,
-            sender,
-            Reason.UNKNOWN_QUEUE,
-            cmd.queue,
-            f"cannot purge queue {cmd.queue!r}: no such queue",
-        )
-        return
-    origin = _read_only_origin(state, q)
-    if origin is not None:
-        _refuse(
-            state,
-            eff,
-            sender,
-            Reason.READ_ONLY,
-            q.name,
-            _read_only_text(q.name, origin, "be purged"),
-        )
         return
     gone = _purge_available(q)
     if gone:
