@@ -93,6 +93,19 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if not isinstance(exc, DrgateError) else str(exc)
 
 
+def link_error_in(exc: BaseException) -> LinkError | None:
+    """The LinkError an exception is or carries: a link failure raised in a
+    nursery's body reaches the caller wrapped in an exception group."""
+    if isinstance(exc, LinkError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = link_error_in(inner)
+            if found is not None:
+                return found
+    return None
+
+
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
@@ -337,7 +350,8 @@ class Sidecar(SiteMember):
                 backoff = BACKOFF_MIN_S
             except Exception as exc:  # any failure of one connection: log, back off, retry
                 error = f"link to {address}: {describe_error(exc)}"
-                refused = isinstance(exc, LinkError) and not exc.retriable
+                link_error = link_error_in(exc)
+                refused = link_error is not None and not link_error.retriable
                 if refused:
                     # D refused for a reason only an operator can fix (promoted,
                     # new incarnation): keep saying so while standbys answer
@@ -677,7 +691,11 @@ class Sidecar(SiteMember):
             return receiver.refuse(
                 int(link.LinkErrorCode.NOT_ACTIVE),
                 f"{self.config.site} node {self.config.node} is {role}; the active ingress is "
-                f"member {active}",
+                + (
+                    "not known yet"
+                    if active is None
+                    else f"node {active.node} (bus member {active})"
+                ),
                 retriable=True,
             )
         if (
