@@ -1,22 +1,37 @@
-"""Shared lab fixtures for integration tests: sites on either bus backend.
+"""Shared lab fixtures and helpers for integration tests.
 
 ``corosync_lab(name, subnet, prefix)`` builds a 3-node corosync site in
 network namespaces; in CI (``CI=true``) a missing prerequisite is a failure,
 never a skip.  Every fixture tears down what it made, pass or fail, and
 checks that nothing is left behind.
+
+The two-site tests share ``wait_for`` (poll a condition against a deadline:
+the other processes offer no event to await), ``queues`` (a broker's
+described queues by name), ``status`` (a sidecar's /status) and
+``converged`` (D's full replica equals P's queue).
 """
 
 from __future__ import annotations
 
 import ctypes.util
+import json
 import os
 import subprocess
-from collections.abc import Iterator
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from deploy.lab.netns import CorosyncSite, lab_unavailable_reason, list_netns
+
+if TYPE_CHECKING:
+    from deploy.lab.site import TwoSites
+
+DEADLINE_S = 60.0
+POLL_S = 0.1
 
 BACKENDS = [
     pytest.param("embedded", marks=[pytest.mark.integration, pytest.mark.slow]),
@@ -25,6 +40,21 @@ BACKENDS = [
         marks=[pytest.mark.corosync, pytest.mark.integration, pytest.mark.slow],
     ),
 ]
+
+
+# Two-site scenarios that test view changes run on both buses.
+BUSES = ["embedded", pytest.param("corosync", marks=[pytest.mark.corosync])]
+
+
+def require_bus(bus: str) -> None:
+    """Skip (locally) or fail (in CI) when the corosync lab cannot run here."""
+    if bus != "corosync":
+        return
+    reason = corosync_unavailable()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the corosync suite must run in CI: {reason}")
+        pytest.skip(reason)
 
 
 def corosync_unavailable() -> str | None:
@@ -48,3 +78,31 @@ def corosync_lab(name: str, *, subnet: str, prefix: str, nodes: int = 3) -> Iter
     assert [n for n in list_netns() if n.startswith(prefix)] == []
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
     assert prefix not in links.stdout
+
+
+def wait_for(what: str, check: Callable[[], bool], *, timeout: float = DEADLINE_S) -> float:
+    """Seconds it took until ``check()``; fails naming ``what`` after ``timeout``."""
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting until {what}")
+        time.sleep(POLL_S)  # polling other processes: there is no event to await
+    return time.monotonic() - start
+
+
+def queues(described: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A broker's ``describe`` document as {queue name: queue}."""
+    return {q["name"]: q for q in described["queues"]}
+
+
+def status(two: TwoSites, site: str, node: int) -> dict[str, Any]:
+    """A sidecar's /status document, over HTTP."""
+    with urllib.request.urlopen(two.status_url(site, node), timeout=5) as reply:
+        result: dict[str, Any] = json.load(reply)
+        return result
+
+
+def converged(two: TwoSites, d_node: int = 2, queue: str = "q-full") -> bool:
+    """D's replica of ``queue`` (on broker ``d_node``) equals P's (broker 2)."""
+    p, d = queues(two.p.describe(2)), queues(two.d.describe(d_node))
+    return queue in d and p[queue]["digest"] == d[queue]["digest"]

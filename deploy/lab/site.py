@@ -313,6 +313,7 @@ class TwoSites:
         self.bus = bus
         self.spool_max_bytes = spool_max_bytes
         self.labs: list[CorosyncSite] = []
+        self._labs_up: set[str] = set()
         self.host = {"site-p": "127.0.0.1", "site-d": "127.0.0.1"}
         p_lab = d_lab = None
         if bus == "corosync":
@@ -368,10 +369,18 @@ class TwoSites:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self) -> None:
+    def start_labs(self) -> None:
+        """The corosync sites (bus=corosync), joined to the root namespace;
+        nothing for the embedded bus.  ``start`` calls it; a test that starts
+        the parts itself calls it first."""
         for lab in self.labs:
-            lab.up()
-            self.host[lab.name] = lab.attach_root()
+            if lab.name not in self._labs_up:
+                lab.up()
+                self.host[lab.name] = lab.attach_root()
+                self._labs_up.add(lab.name)
+
+    def start(self) -> None:
+        self.start_labs()
         self.p.start()
         self.d.start()
         # D's sidecars first (each binds its link port), then the emulators
@@ -471,3 +480,4 @@ class TwoSites:
         finally:
             for lab in self.labs:
                 lab.down()
+            self._labs_up.clear()

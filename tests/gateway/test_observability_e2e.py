@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from deploy.lab.site import ROOT, Proc, TwoSites, drgate_argv, finish_client
 from gateway.spool import Spool
 from protocol import link
+from tests.lab import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -45,14 +46,6 @@ MODES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring", "q-none": "no
 N, M, K, P = 120, 80, 30, 40
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def wait_for(what: str, check: Callable[[], bool], *, timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting until {what}")
-        time.sleep(0.1)  # polling other processes: there is no event to await
 
 
 def scrape(port: int) -> Samples:

@@ -12,39 +12,17 @@ import re
 import shutil
 import subprocess
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from deploy.lab.site import ROOT, TwoSites, drgate_argv, finish_client
+from tests.lab import converged, queues, status, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
-DEADLINE_S = 60.0
 MODES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring"}
-
-
-def wait_for(what: str, check: Callable[[], bool], *, timeout: float = DEADLINE_S) -> float:
-    start = time.monotonic()
-    while not check():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting until {what}")
-        time.sleep(0.1)  # polling other processes: there is no event to await
-    return time.monotonic() - start
-
-
-def queues(described: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {q["name"]: q for q in described["queues"]}
-
-
-def status(two: TwoSites, site: str, node: int) -> dict[str, Any]:
-    port = two.metrics_port[(site, node)]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as reply:
-        result: dict[str, Any] = json.load(reply)
-        return result
 
 
 def drgate(*args: str) -> subprocess.CompletedProcess[str]:
@@ -63,11 +41,6 @@ def publish(two: TwoSites, queue: str, count: int) -> int:
     popen = two.p.client_popen(1, "publish", two.p.amqp[1], queue, "--count", str(count))
     accepted: int = finish_client(popen)["accepted"]
     return accepted
-
-
-def converged(two: TwoSites) -> bool:
-    p, d = queues(two.p.describe(2)), queues(two.d.describe(2))
-    return "q-full" in d and p["q-full"]["digest"] == d["q-full"]["digest"]
 
 
 @pytest.fixture

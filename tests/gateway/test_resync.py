@@ -11,10 +11,8 @@ per-queue digests of P and D are equal for ``full`` queues, and D's
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,34 +24,16 @@ from deploy.lab.site import LAB_RULES, TwoSites, finish_client
 from filters.rules import load_rules
 from gateway import resync as rs
 from protocol import cluster as pc
+from tests.lab import BUSES, converged, queues, require_bus, status, wait_for
 
 DEADLINE_S = 60.0
 MODES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring", "q-none": "none"}
 LOADED = 10_000
 
 
-def wait_for(what: str, check: Callable[[], bool], *, timeout: float = DEADLINE_S) -> float:
-    start = time.monotonic()
-    while not check():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting until {what}")
-        time.sleep(0.1)  # polling other processes: there is no event to await
-    return time.monotonic() - start
-
-
-def queues(described: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {q["name"]: q for q in described["queues"]}
-
-
-def status(two: TwoSites, site: str, node: int) -> dict[str, Any]:
-    port = two.metrics_port[(site, node)]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as reply:
-        result: dict[str, Any] = json.load(reply)
-        return result
-
-
 def start_p_first(two: TwoSites) -> None:
     """P's brokers and sidecars, D's brokers and the WAN; no D sidecar yet."""
+    two.start_labs()
     two.p.start()
     two.d.start()
     for n in two.nodes:
@@ -69,7 +49,18 @@ def start_d_sidecars(two: TwoSites) -> None:
 
 @pytest.fixture
 def two(tmp_path: Path) -> Iterator[TwoSites]:
-    sites = TwoSites(workdir=tmp_path, metrics=True)
+    yield from _p_first(tmp_path, "embedded")
+
+
+@pytest.fixture(params=BUSES)
+def two_any(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TwoSites]:
+    """Either bus: the faults that are view changes run on corosync too."""
+    require_bus(request.param)
+    yield from _p_first(tmp_path, request.param)
+
+
+def _p_first(tmp_path: Path, bus: str) -> Iterator[TwoSites]:
+    sites = TwoSites(workdir=tmp_path, metrics=True, bus=bus)
     try:
         start_p_first(sites)
         for queue, mode in MODES.items():
@@ -91,11 +82,6 @@ def load_p(two: TwoSites, count: int = LOADED) -> None:
     publishers.append(publish(two, "q-wire", 100))
     for p in publishers:
         assert finish_client(p)["accepted"] in (count, 100)
-
-
-def digests_equal(two: TwoSites, queue: str) -> bool:
-    p, d = queues(two.p.describe(2)), queues(two.d.describe(2))
-    return queue in d and p[queue]["digest"] == d[queue]["digest"]
 
 
 def check_enqueue(two: TwoSites, total: int) -> None:
@@ -123,7 +109,7 @@ def test_empty_d_is_seeded_by_resync_while_p_takes_traffic(two: TwoSites) -> Non
     start_d_sidecars(two)
     for p in live:
         assert finish_client(p)["accepted"] == 2000
-    took = wait_for("D's full replica equals P's queue", lambda: digests_equal(two, "q-full"))
+    took = wait_for("D's full replica equals P's queue", lambda: converged(two, queue="q-full"))
     print(f"resync of {2 * LOADED} messages and catch-up: {time.monotonic() - started:.1f} s")
     d = queues(two.d.describe(3))
     assert d["q-full"]["depth"] == LOADED + 2000 - 1000
@@ -135,14 +121,15 @@ def test_empty_d_is_seeded_by_resync_while_p_takes_traffic(two: TwoSites) -> Non
     check_enqueue(two, LOADED + 2000)
     # Normal streaming after the resync.
     assert finish_client(publish(two, "q-full", 100, start=LOADED + 2001))["accepted"] == 100
-    wait_for("the stream after the resync reaches D", lambda: digests_equal(two, "q-full"))
+    wait_for("the stream after the resync reaches D", lambda: converged(two, queue="q-full"))
     assert took < DEADLINE_S
 
 
 @pytest.mark.e2e
 @pytest.mark.integration
 @pytest.mark.slow
-def test_wan_cut_during_a_resync_restarts_it(two: TwoSites) -> None:
+def test_wan_cut_during_a_resync_restarts_it(two_any: TwoSites) -> None:
+    two = two_any
     load_p(two)
     for n in two.nodes:  # slow enough to cut the resync in the middle
         two.wan(n, "set rate_bps=40000 dir=up")
@@ -160,7 +147,7 @@ def test_wan_cut_during_a_resync_restarts_it(two: TwoSites) -> None:
     for n in two.nodes:
         two.wan(n, "set rate_bps=0 dir=up")
         two.wan(n, "restore")
-    wait_for("D's full replica equals P's queue", lambda: digests_equal(two, "q-full"))
+    wait_for("D's full replica equals P's queue", lambda: converged(two, queue="q-full"))
     assert status(two, "site-d", 1)["resync"]["total"] >= 2
     check_enqueue(two, LOADED)
 
@@ -178,7 +165,7 @@ def test_rules_switch_none_to_full_brings_existing_messages(two: TwoSites) -> No
     done = two.p.admin(1, "add-queue", "q-none", "--replicate", "full")
     assert done.returncode == 0, done.stderr
     assert finish_client(publish(two, "q-none", 500, start=1001))["accepted"] == 500
-    wait_for("D's copy of q-none equals P's", lambda: digests_equal(two, "q-none"))
+    wait_for("D's copy of q-none equals P's", lambda: converged(two, queue="q-none"))
     d = queues(two.d.describe(2))
     assert d["q-none"]["depth"] == 1500
     assert d["q-none"]["replica"]["mode"] == "full"

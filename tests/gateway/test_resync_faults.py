@@ -1,50 +1,28 @@
 """Resync under faults: every P spool overflowed while D was down; the active
-egress killed in the middle of a resync.  Two sites on the embedded bus."""
+egress killed in the middle of a resync.  Two sites on the embedded bus, and
+on corosync in network namespaces (kills are view changes)."""
 
 from __future__ import annotations
 
-import json
+import functools
 import signal
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from deploy.lab.site import TwoSites, finish_client
+from tests import lab
+from tests.lab import BUSES, converged, queues, require_bus, status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
 DEADLINE_S = 120.0
+wait_for = functools.partial(lab.wait_for, timeout=DEADLINE_S)
 MODES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring"}
 # Small enough that a few thousand events overflow it (segments of 32 KiB).
 SPOOL_BYTES = 256 * 1024
-
-
-def wait_for(what: str, check: Callable[[], bool], *, timeout: float = DEADLINE_S) -> float:
-    start = time.monotonic()
-    while not check():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting until {what}")
-        time.sleep(0.1)  # polling other processes: there is no event to await
-    return time.monotonic() - start
-
-
-def queues(described: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {q["name"]: q for q in described["queues"]}
-
-
-def status(two: TwoSites, site: str, node: int) -> dict[str, Any]:
-    with urllib.request.urlopen(two.status_url(site, node), timeout=5) as reply:
-        result: dict[str, Any] = json.load(reply)
-        return result
-
-
-def converged(two: TwoSites) -> bool:
-    p, d = queues(two.p.describe(2)), queues(two.d.describe(2))
-    return "q-full" in d and p["q-full"]["digest"] == d["q-full"]["digest"]
 
 
 def publish(two: TwoSites, queue: str, count: int, start: int = 1) -> Any:
@@ -53,9 +31,12 @@ def publish(two: TwoSites, queue: str, count: int, start: int = 1) -> Any:
     )
 
 
-@pytest.fixture
-def two(tmp_path: Path) -> Iterator[TwoSites]:
-    with TwoSites(workdir=tmp_path, metrics=True, spool_max_bytes=SPOOL_BYTES) as sites:
+@pytest.fixture(params=BUSES)
+def two(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TwoSites]:
+    require_bus(request.param)
+    with TwoSites(
+        workdir=tmp_path, metrics=True, spool_max_bytes=SPOOL_BYTES, bus=request.param
+    ) as sites:
         for queue, mode in MODES.items():
             done = sites.p.admin(1, "add-queue", queue, "--replicate", mode)
             assert done.returncode == 0, done.stderr

@@ -12,23 +12,23 @@ all four modes at once.  After each scenario the invariants hold:
 
 from __future__ import annotations
 
-import json
-import os
+import functools
 import signal
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from deploy.lab.site import TwoSites, finish_client
-from tests.lab import corosync_unavailable
+from tests import lab
+from tests.lab import BUSES, converged, queues, require_bus, status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
 DEADLINE_S = 120.0
+wait_for = functools.partial(lab.wait_for, timeout=DEADLINE_S)
 MODES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring", "q-none": "none"}
 
 
@@ -38,8 +38,8 @@ def _two_sites(tmp_path: Path, bus: str) -> Iterator[TwoSites]:
             done = sites.p.admin(1, "add-queue", queue, "--replicate", mode)
             assert done.returncode == 0, done.stderr
         yield sites
-    for lab in sites.labs:
-        assert lab.leftovers() == []
+    for corosync in sites.labs:
+        assert corosync.leftovers() == []
 
 
 @pytest.fixture
@@ -48,47 +48,17 @@ def two(tmp_path: Path) -> Iterator[TwoSites]:
     yield from _two_sites(tmp_path, "embedded")
 
 
-@pytest.fixture(params=["embedded", pytest.param("corosync", marks=pytest.mark.corosync)])
+@pytest.fixture(params=BUSES)
 def two_any(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TwoSites]:
     """Two sites on either bus: the scenarios that test view changes run on
     corosync in network namespaces too."""
-    if request.param == "corosync":
-        reason = corosync_unavailable()
-        if reason:
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"the corosync suite must run in CI: {reason}")
-            pytest.skip(reason)
+    require_bus(request.param)
     yield from _two_sites(tmp_path, request.param)
-
-
-def wait_for(what: str, check: Callable[[], bool], *, timeout: float = DEADLINE_S) -> float:
-    """Seconds it took until ``check()``; fails after ``timeout``."""
-    start = time.monotonic()
-    while not check():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting until {what}")
-        time.sleep(0.1)  # polling other processes: there is no event to await
-    return time.monotonic() - start
-
-
-def queues(described: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {q["name"]: q for q in described["queues"]}
-
-
-def status(two: TwoSites, site: str, node: int) -> dict[str, Any]:
-    with urllib.request.urlopen(two.status_url(site, node), timeout=5) as reply:
-        result: dict[str, Any] = json.load(reply)
-        return result
 
 
 def depth_at_p(two: TwoSites, queue: str) -> int:
     depth: int = queues(two.p.describe(2))[queue]["depth"]
     return depth
-
-
-def converged(two: TwoSites, d_node: int = 2) -> bool:
-    p, d = queues(two.p.describe(2)), queues(two.d.describe(d_node))
-    return "q-full" in d and p["q-full"]["digest"] == d["q-full"]["digest"]
 
 
 def check_invariants(two: TwoSites, published: int, *, d_node: int = 2) -> None:
