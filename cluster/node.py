@@ -81,6 +81,8 @@ COMMAND_QUEUE = 1000
 # Snapshot bytes per StateChunk command.
 CHUNK_BYTES = 512 * 1024
 # Addresses of the management interface (see docs/broker.md).
+# The AMQP error condition of what a broker refuses in a minority partition.
+MINORITY_CONDITION = "amqp:precondition-failed"
 ADMIN_ADDRESS = "$drgate.admin"
 QUEUES_ADDRESS = "$drgate.queues"
 
@@ -435,6 +437,7 @@ class BrokerNode(SiteMember):
         self._waiting_queues: set[str] = set()
         self._admin_lock = trio.Lock()
         self._admin_refusals: list[Any] | None = None
+        self._was_minority = False
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -471,6 +474,31 @@ class BrokerNode(SiteMember):
 
     def _after_view(self, view: ViewChange, effects: Sequence[Any]) -> None:
         self._on_effects(effects)
+        if view.quorate:
+            # Consumers held back in a minority partition take messages again.
+            self._waiting_queues.update(c.queue for c in self._consumers.values())
+            self._acquire_for_waiting()
+
+    def _view_seen(self, view: ViewChange) -> None:
+        if not view.quorate:
+            log.warning("%s", self.minority_refusal())
+        elif self._was_minority:
+            log.info("view quorate again (%d members): serving clients", len(view.members))
+        self._was_minority = not view.quorate
+
+    def quorate(self) -> bool:
+        return self.membership is None or self.membership.quorate
+
+    def minority_refusal(self) -> str:
+        """Why this broker accepts nothing while its view is not quorate: what
+        it accepted there would be dropped when the partition heals (the
+        majority's state wins, see cluster/membership.py)."""
+        members = 0 if self.membership is None else len(self.membership.members)
+        return (
+            f"broker node {self.config.node} of {self.config.cluster} is in a minority partition "
+            f"(its view of {members} members is not quorate): it accepts no message and "
+            "delivers none until the partition heals; use a broker of the majority"
+        )
 
     # ------------------------------------------------------------------
     # Effects
@@ -485,7 +513,13 @@ class BrokerNode(SiteMember):
                 if self._mine(effect.sender):
                     delivery = self._pending.pop(effect.ref, None)
                     if delivery is not None:
-                        delivery.settle(ACCEPTED)
+                        # Applied in a minority partition: it will be dropped
+                        # when the partition heals, so it is not accepted.
+                        delivery.settle(
+                            ACCEPTED
+                            if self.quorate()
+                            else Rejected(MINORITY_CONDITION, self.minority_refusal())
+                        )
                         delivery.link.flow(1)
             elif isinstance(effect, st.Refused):
                 if self._mine(effect.sender):
@@ -519,6 +553,11 @@ class BrokerNode(SiteMember):
 
     def _deliver(self, consumer: _Consumer, effect: Any) -> None:
         msg = effect.message
+        if not self.quorate():
+            # Acquired just before the view lost quorum: hand it back rather
+            # than deliver what the majority may deliver too.
+            self._post(pc.Release(consumer.queue, consumer.session, (msg.pos,), False))
+            return
         try:
             message = Message()
             message.decode(bytes(msg.body))
@@ -544,7 +583,7 @@ class BrokerNode(SiteMember):
 
     def _request(self, consumer: _Consumer) -> None:
         want = consumer.link.credit - consumer.acquiring
-        if want <= 0 or consumer.link.closed:
+        if want <= 0 or consumer.link.closed or not self.quorate():
             return
         if available(self.state, consumer.queue) <= 0:
             return
@@ -587,6 +626,9 @@ class BrokerNode(SiteMember):
         address = link.address or ""
         if address == QUEUES_ADDRESS:
             return
+        if not self.quorate():
+            link.close(MINORITY_CONDITION, self.minority_refusal())
+            return
         if not address or not await self._ensure_queue(link, address):
             if not address:
                 link.close("amqp:invalid-field", "a receiving link must name a queue")
@@ -610,6 +652,9 @@ class BrokerNode(SiteMember):
         if address == ADMIN_ADDRESS:
             link.flow(10)
             return
+        if not self.quorate():
+            link.close(MINORITY_CONDITION, self.minority_refusal())
+            return
         if address is not None:
             if not await self._ensure_queue(link, address):
                 return
@@ -622,6 +667,10 @@ class BrokerNode(SiteMember):
     async def on_message(self, link: IncomingLink, delivery: InboundDelivery) -> None:
         if link.address == ADMIN_ADDRESS:
             await self._on_admin(delivery)
+            link.flow(1)
+            return
+        if not self.quorate():
+            delivery.settle(Rejected(MINORITY_CONDITION, self.minority_refusal()))
             link.flow(1)
             return
         message = delivery.message
@@ -712,6 +761,9 @@ class BrokerNode(SiteMember):
         except DrgateError as exc:
             delivery.settle(Rejected("amqp:invalid-field", str(exc)))
             return
+        if not self.quorate():
+            delivery.settle(Rejected(MINORITY_CONDITION, self.minority_refusal()))
+            return
         # One request at a time, so that the refusals collected while it is
         # applied are its own.
         async with self._admin_lock:
@@ -755,7 +807,7 @@ class BrokerNode(SiteMember):
                 "members": len(self.state.ready),
             },
             "merge": dict(self.state.counters),
-            "last_error": "",
+            "last_error": "" if self.quorate() else self.minority_refusal(),
         }
 
 

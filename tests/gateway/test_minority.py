@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 
 from deploy.lab.netns import CorosyncSite
 from deploy.lab.site import LAB_RULES, BrokerSite, drgate_argv
-from tests.lab import corosync_lab
+from tests.lab import corosync_lab, wait_for
 
 pytestmark = [pytest.mark.corosync, pytest.mark.integration, pytest.mark.slow, pytest.mark.e2e]
 
@@ -72,14 +71,6 @@ def status(lab: CorosyncSite, node: int) -> dict[str, Any]:
     return result
 
 
-def wait_for(what: str, check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        time.sleep(0.2)  # polling other processes: there is no event to await
-
-
 def test_minority_sidecar_stops_and_says_why(site: BrokerSite) -> None:
     lab = site.corosync
     assert lab is not None
@@ -96,10 +87,33 @@ def test_minority_sidecar_stops_and_says_why(site: BrokerSite) -> None:
         assert majority["role"] == "egress"
         assert majority["bus"]["quorate"] is True
         assert site.admin(1, "add-queue", "during-partition").returncode == 0
+        assert (
+            site.client(1, "publish", site.amqp[1], "during-partition", "--count", "5")["accepted"]
+            == 5
+        )
+        # Node 3's broker accepts nothing there: what it applied alone would be
+        # dropped at the heal, so a settled message would be lost.
+        refused = site.client(3, "publish", site.amqp[3], "q-minority", "--count", "1")
+        assert refused["accepted"] == 0
+        assert "minority partition" in (refused["error"] or refused["first_rejection"])
+        assert "minority partition" in site.admin(3, "add-queue", "q-minority").stderr
     finally:
         lab.restore(3)
     wait_for("node 3 is a standby again", lambda: _role_seen_from_3(lab) == "standby")
     assert _status_from_3(lab)["last_error"] == ""
+    # Node 3 rejoined by state transfer: it holds what the majority did meanwhile.
+    wait_for(
+        "node 3's broker holds the majority's state",
+        lambda: _queues_at(site, 3) == _queues_at(site, 1),
+    )
+    assert _queues_at(site, 3)["during-partition"]["depth"] == 5
+    assert "q-minority" not in _queues_at(site, 3)
+    again = site.client(3, "publish", site.amqp[3], "during-partition", "--count", "1")
+    assert again["accepted"] == 1
+
+
+def _queues_at(site: BrokerSite, node: int) -> dict[str, Any]:
+    return {q["name"]: q for q in site.describe(node)["queues"]}
 
 
 def _status_from_3(lab: CorosyncSite) -> dict[str, Any]:
