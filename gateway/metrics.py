@@ -33,7 +33,8 @@ Snapshot schema (every key optional; a missing key means an absent metric)::
                 "incarnation_refused": n, "replicated_applied": n,
                 ...any other cluster.state counter: n},
       "resync": {"active": False, "total": n, "progress_ratio": 0.0, "bytes_total": n},
-      "rules": {"version": n, "failed_reloads_total": n, "digest": "..."},
+      "rules": {"version": n, "failed_reloads_total": n, "digest": "...",
+                "file_problem": "text" or ""},
       "state_transfer": {"count_total": n, "seconds_total": f},
       "last_error": "text" or "",
     }
@@ -392,6 +393,12 @@ def families_from_snapshot(snapshot: Snapshot) -> list[Metric]:
         "Rules file changes refused (invalid file)",
         rules.get("failed_reloads_total"),
     )
+    if "file_problem" in rules:
+        out.gauge(
+            "drgate_rules_file_invalid",
+            "1 while the rules file on disk is invalid and the rules in force stay",
+            bool(rules["file_problem"]),
+        )
     if isinstance(rules.get("digest"), str) and rules["digest"]:
         out.info("drgate_rules", "Digest of the rules in force", {"digest": rules["digest"]})
 
@@ -556,6 +563,8 @@ def status_document(
         },
         "rules_version": rules.get("version"),
         "rules_digest": rules.get("digest"),
+        "rules_file_problem": rules.get("file_problem") or "",
+        "rules_reload_failures": rules.get("failed_reloads_total"),
         "bus": dict(_section(snapshot, "bus")),
         "resync": dict(_section(snapshot, "resync")),
         "merge": dict(_section(snapshot, "merge")),

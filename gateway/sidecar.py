@@ -31,7 +31,7 @@ import logging
 import random
 import ssl
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +45,8 @@ from cluster.state.views import applied
 from filters.matcher import RuleSet
 from gateway import resync as rs
 from gateway.capture import CaptureConfig, CaptureSink, capture_role
+from gateway.ruleswatch import POLL_S as RULES_POLL_S
+from gateway.ruleswatch import RulesWatcher
 from gateway.spool import DEFAULT_SEGMENT_BYTES, Spool
 from gateway.tap import ReplEvent, Tap
 from protocol import cluster as pc
@@ -118,12 +120,14 @@ class Sidecar(SiteMember):
         super().__init__(config.site, config.bus)
         self.config = config
         self.tap = Tap(config.rules, origin_cluster=config.site)
+        self.rules_watch = RulesWatcher(config.rules.path)
         self.spool: Spool | None = None
         self._events: list[ReplEvent] = []
         self._spooled = trio.Event()
         self._role_changed = trio.Event()
         self.link_state = "down"
         self.peer = ""
+        self._links_up = 0  # D: accepted link connections open now
         self.last_error = ""
         self.acked_seq = 0
         self.rtt: float | None = None
@@ -137,7 +141,11 @@ class Sidecar(SiteMember):
         # (seq, origin time) of events tapped and not yet acked by D: the lag.
         # Bounded by the spool: an overflow drops its oldest entries too.
         self._unacked: deque[tuple[int, int]] = deque()
-        self._receiver_stats: Any = None
+        # D: the statistics of each open link connection, by connection.
+        self._receiver_stats: dict[int, Any] = {}
+        # Link counters of the connections that ended: /status and the
+        # metrics add them, so the totals never go back.
+        self._ended_links: Counter[str] = Counter()
         # Resync progress (egress: chunks acked; ingress: chunks buffered).
         self.resyncs = 0
         self.resync_active = False
@@ -297,12 +305,33 @@ class Sidecar(SiteMember):
             self._after_frame()
             if self.config.primary:
                 nursery.start_soon(self._serve_egress)
+                nursery.start_soon(self._watch_rules)
             else:
                 assert self.config.listen is not None
                 host, port = _split(self.config.listen)
                 self.link_port = await nursery.start(self._serve_ingress, host, port)
             log.info("sidecar ready role=%s cseq=%d", self.current_role(), self.state.cseq)
             task_status.started()
+
+    async def _watch_rules(self) -> None:
+        """Propose a changed, valid rules file to the site (gateway/ruleswatch.py)."""
+        watcher = self.rules_watch
+        watcher.start_from()  # the file as loaded; only later edits are proposed
+        if self.tap.rules.digest != self.config.rules.digest:
+            log.warning(
+                "rules: %s differs from the rules in force (version %d, switched at cseq %s); "
+                "it is proposed only once it is edited",
+                watcher.path,
+                self.tap.rules.rules_version,
+                self.tap.rules.cseq,
+            )
+        while True:
+            await trio.sleep(RULES_POLL_S)  # polling a file: there is no event to await
+            if self.current_role() not in ("egress", "standby"):
+                continue  # not from a minority, nor before the state is here
+            payload = watcher.poll(self.tap.rules)
+            if payload is not None:
+                await self.submit(pc.RulesSwitch(payload.to_bytes()))
 
     def _client_ssl(self) -> ssl.SSLContext | None:
         if self.config.tls_cert is None:
@@ -364,6 +393,15 @@ class Sidecar(SiteMember):
             self.link_state = "down"
             self.resync_active = False  # an unfinished resync starts again from scratch
             self.reconnects += 1
+            if self._sender_stats is not None:
+                s = self._sender_stats
+                self._ended_links.update(
+                    bytes_sent_total=s.bytes_raw,
+                    bytes_sent_wire_total=s.bytes_sent,
+                    batches_sent_total=s.batches,
+                    events_sent_total=s.events,
+                )
+                self._sender_stats = None
             if index % len(self.config.peers) == 0:
                 await trio.sleep(backoff * random.uniform(0.5, 1.5))
                 backoff = min(BACKOFF_MAX_S, backoff * 2)
@@ -553,7 +591,8 @@ class Sidecar(SiteMember):
             self.last_error = f"ingress: {describe_error(exc)}"
             log.warning("%s", self.last_error)
         finally:
-            self.link_state = "down" if self.current_role() == "ingress" else self.link_state
+            if self._links_up == 0 and self.current_role() == "ingress":
+                self.link_state = "down"  # the last accepted connection ended
             self.resync_active = False  # chunks not applied are dropped with the connection
             await trio.aclose_forcefully(stream)
 
@@ -576,99 +615,111 @@ class Sidecar(SiteMember):
                 wake.set()
 
         collector: rs.ResyncCollector | None = None
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(applier)
-            while True:
-                now = trio.current_time()
-                out = receiver.data_to_send(now)
-                if out:
-                    await stream.send_all(out)
-                self._receiver_stats = receiver.statistics()
-                deadline = receiver.tick(now)
-                data = b""
-                wake = trio.Event()
-                with trio.move_on_at(deadline if deadline is not None else now + 1.0):
-                    async with trio.open_nursery() as waits:
-
-                        async def read() -> None:
-                            nonlocal data
-                            data = bytes(await stream.receive_some(READ_BYTES))
-                            if not data:
-                                data = b"\0eof"
-                            waits.cancel_scope.cancel()
-
-                        async def acked(wake: trio.Event = wake) -> None:
-                            await wake.wait()
-                            waits.cancel_scope.cancel()
-
-                        waits.start_soon(read)
-                        waits.start_soon(acked)
-                if data == b"\0eof":
-                    raise trio.BrokenResourceError("the egress closed the link")
-                if data:
-                    receiver.receive_data(data)
-                if receiver.hello is not None and self.link_state == "up":
-                    # Promoted (or an incarnation switch) while the link is up:
-                    # close it with the same error a new HELLO would get.
-                    fenced = self._fence_reason(receiver.hello)
-                    if fenced is not None:
-                        code, text = fenced
-                        await stream.send_all(receiver.send_error(code, text, retriable=False))
-                        raise LinkError(text, code=code, retriable=False)
+        accepted = False  # this connection's HELLO was accepted
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(applier)
                 while True:
-                    ev = receiver.next_event()
-                    if ev is link.NEED_DATA:
-                        break
-                    if isinstance(ev, link.Hello):
-                        await stream.send_all(self._answer_hello(receiver, ev))
-                    elif isinstance(ev, link.ResyncBegin):
-                        hello = receiver.hello
-                        assert hello is not None
-                        collector = rs.ResyncCollector(
-                            hello.origin_cluster,
-                            hello.incarnation,
-                            ev.epoch,
-                            ev.cut_seq,
-                            ev.total_bytes,
-                        )
-                        self.resyncs += 1
-                        self.resync_active = True
-                        self.resync_chunks = ev.total_chunks
-                        self.resync_chunks_done = 0
-                        log.info(
-                            "ingress: resync from %s cut at %d: %d chunks, %d bytes",
-                            hello.origin_cluster,
-                            ev.cut_seq,
-                            ev.total_chunks,
-                            ev.total_bytes,
-                        )
-                    elif isinstance(ev, link.ResyncChunk):
-                        assert collector is not None
-                        collector.add(ev.data)
-                        self.resync_bytes += len(ev.data)
-                        self.resync_chunks_done += 1
-                        receiver.ack_chunk()  # buffered; nothing applied before END
-                    elif isinstance(ev, link.ResyncEnd):
-                        assert collector is not None
-                        command = collector.command()
-                        collector = None
-                        await to_apply_send.send((ev.cut_seq, [command]))
-                    elif isinstance(ev, link.EventsReceived):
-                        commands: list[pc.Command] = []
-                        for event in ev.events:
-                            try:
-                                commands.extend(pc.decode_frame_untrusted(event.payload))
-                            except RemoteProtocolError as exc:
-                                raise DrgateError(f"bad event {event.seq}: {exc}") from exc
-                        if commands:
-                            await to_apply_send.send((ev.events[-1].seq, commands))
-                    elif isinstance(ev, link.PeerError):
-                        raise DrgateError(f"the egress sent an error: {ev.text}")
-                    elif isinstance(ev, link.Stalled):
-                        raise DrgateError(f"the egress was silent for {ev.silent_for:.1f} s")
-                    elif isinstance(ev, link.ConnectionClosed):
+                    now = trio.current_time()
+                    out = receiver.data_to_send(now)
+                    if out:
+                        await stream.send_all(out)
+                    self._receiver_stats[id(receiver)] = receiver.statistics()
+                    deadline = receiver.tick(now)
+                    data = b""
+                    wake = trio.Event()
+                    with trio.move_on_at(deadline if deadline is not None else now + 1.0):
+                        async with trio.open_nursery() as waits:
+
+                            async def read() -> None:
+                                nonlocal data
+                                data = bytes(await stream.receive_some(READ_BYTES))
+                                if not data:
+                                    data = b"\0eof"
+                                waits.cancel_scope.cancel()
+
+                            async def acked(wake: trio.Event = wake) -> None:
+                                await wake.wait()
+                                waits.cancel_scope.cancel()
+
+                            waits.start_soon(read)
+                            waits.start_soon(acked)
+                    if data == b"\0eof":
                         raise trio.BrokenResourceError("the egress closed the link")
+                    if data:
+                        receiver.receive_data(data)
+                    if accepted and receiver.hello is not None:
+                        # Promoted (or an incarnation switch) while the link is up:
+                        # close it with the same error a new HELLO would get.
+                        fenced = self._fence_reason(receiver.hello)
+                        if fenced is not None:
+                            code, text = fenced
+                            await stream.send_all(receiver.send_error(code, text, retriable=False))
+                            raise LinkError(text, code=code, retriable=False)
+                    while True:
+                        ev = receiver.next_event()
+                        if ev is link.NEED_DATA:
+                            break
+                        if isinstance(ev, link.Hello):
+                            answer, accepted = self._answer_hello(receiver, ev)
+                            self._links_up += accepted
+                            await stream.send_all(answer)
+                        elif isinstance(ev, link.ResyncBegin):
+                            hello = receiver.hello
+                            assert hello is not None
+                            collector = rs.ResyncCollector(
+                                hello.origin_cluster,
+                                hello.incarnation,
+                                ev.epoch,
+                                ev.cut_seq,
+                                ev.total_bytes,
+                            )
+                            self.resyncs += 1
+                            self.resync_active = True
+                            self.resync_chunks = ev.total_chunks
+                            self.resync_chunks_done = 0
+                            log.info(
+                                "ingress: resync from %s cut at %d: %d chunks, %d bytes",
+                                hello.origin_cluster,
+                                ev.cut_seq,
+                                ev.total_chunks,
+                                ev.total_bytes,
+                            )
+                        elif isinstance(ev, link.ResyncChunk):
+                            assert collector is not None
+                            collector.add(ev.data)
+                            self.resync_bytes += len(ev.data)
+                            self.resync_chunks_done += 1
+                            receiver.ack_chunk()  # buffered; nothing applied before END
+                        elif isinstance(ev, link.ResyncEnd):
+                            assert collector is not None
+                            command = collector.command()
+                            collector = None
+                            await to_apply_send.send((ev.cut_seq, [command]))
+                        elif isinstance(ev, link.EventsReceived):
+                            commands: list[pc.Command] = []
+                            for event in ev.events:
+                                try:
+                                    commands.extend(pc.decode_frame_untrusted(event.payload))
+                                except RemoteProtocolError as exc:
+                                    raise DrgateError(f"bad event {event.seq}: {exc}") from exc
+                            if commands:
+                                await to_apply_send.send((ev.events[-1].seq, commands))
+                        elif isinstance(ev, link.PeerError):
+                            raise DrgateError(f"the egress sent an error: {ev.text}")
+                        elif isinstance(ev, link.Stalled):
+                            raise DrgateError(f"the egress was silent for {ev.silent_for:.1f} s")
+                        elif isinstance(ev, link.ConnectionClosed):
+                            raise trio.BrokenResourceError("the egress closed the link")
+        finally:
+            if accepted:
+                self._links_up -= 1
+            ended = self._receiver_stats.pop(id(receiver), None)
+            if ended is not None:
+                self._ended_links.update(
+                    bytes_received_wire_total=ended.bytes_received,
+                    batches_received_total=ended.batches,
+                )
 
     def _check_resync_applied(self, cmd: pc.ResyncApply) -> None:
         """After D's bus applied a ResyncApply: did it take (else do not ack)?"""
@@ -684,7 +735,8 @@ class Sidecar(SiteMember):
             )
         log.info("ingress: resync from %s cut at %d applied", cmd.origin_cluster, cmd.cut)
 
-    def _answer_hello(self, receiver: link.LinkReceiver, hello: link.Hello) -> bytes:
+    def _answer_hello(self, receiver: link.LinkReceiver, hello: link.Hello) -> tuple[bytes, bool]:
+        """The answer to a HELLO, and whether it accepts the link."""
         role = self.current_role()
         if role != "ingress":
             active = self.active_sidecar()
@@ -697,7 +749,7 @@ class Sidecar(SiteMember):
                     else f"node {active.node} (bus member {active})"
                 ),
                 retriable=True,
-            )
+            ), False
         if (
             hello.target_cluster != self.config.site
             or hello.origin_cluster != self.config.peer_cluster
@@ -707,15 +759,15 @@ class Sidecar(SiteMember):
                 f"this is {self.config.site}, expecting a stream from {self.config.peer_cluster}; "
                 f"got {hello.origin_cluster} -> {hello.target_cluster}",
                 retriable=False,
-            )
+            ), False
         refusal = self._fence(receiver, hello)
         if refusal is not None:
-            return refusal
+            return refusal, False
         resume = applied(self.state, hello.origin_cluster, hello.incarnation)
         self.link_state = "up"
         self.peer = hello.origin_cluster
         log.info("ingress: link up from %s, resuming after %d", hello.origin_cluster, resume)
-        return receiver.accept(resume, hello.window_bytes, trio.current_time())
+        return receiver.accept(resume, hello.window_bytes, trio.current_time()), True
 
     def _fence(self, receiver: link.LinkReceiver, hello: link.Hello) -> bytes | None:
         """Refuse a HELLO from a primary this site was promoted over (R7) or
@@ -771,14 +823,15 @@ class Sidecar(SiteMember):
             },
             "rules": {
                 "version": self.tap.rules.rules_version,
-                "failed_reloads_total": self.tap.rules_failures,
+                "failed_reloads_total": self.tap.rules_failures + self.rules_watch.failures,
+                "file_problem": self.rules_watch.problem,
                 "digest": self.tap.rules.digest,
             },
             "merge": dict(self.state.counters),
             "last_error": (
                 self.minority_text_now()
                 if self.current_role() == "minority"
-                else self.last_error or self.tap.last_error
+                else self.last_error or self.tap.last_error or self.rules_watch.problem
             ),
         }
         link_stats: dict[str, Any] = {
@@ -800,26 +853,28 @@ class Sidecar(SiteMember):
                     "lag_seconds": lag_seconds,
                 }
             )
-            if s is not None:
-                link_stats.update(
-                    {
-                        "bytes_sent_total": s.bytes_raw,
-                        "bytes_sent_wire_total": s.bytes_sent,
-                        "batches_sent_total": s.batches,
-                        "events_sent_total": s.events,
-                    }
-                )
+            ended = self._ended_links
+            link_stats.update(
+                {
+                    "bytes_sent_total": ended["bytes_sent_total"] + (s.bytes_raw if s else 0),
+                    "bytes_sent_wire_total": ended["bytes_sent_wire_total"]
+                    + (s.bytes_sent if s else 0),
+                    "batches_sent_total": ended["batches_sent_total"] + (s.batches if s else 0),
+                    "events_sent_total": ended["events_sent_total"] + (s.events if s else 0),
+                }
+            )
         else:
-            r = self._receiver_stats
+            open_links = list(self._receiver_stats.values())
+            ended = self._ended_links
             link_stats["events_received_total"] = self.ingested
-            if r is not None:
-                link_stats.update(
-                    {
-                        "bytes_received_wire_total": r.bytes_received,
-                        "batches_received_total": r.batches,
-                        "acked_seq": r.acked_seq,
-                    }
-                )
+            link_stats["bytes_received_wire_total"] = ended["bytes_received_wire_total"] + sum(
+                r.bytes_received for r in open_links
+            )
+            link_stats["batches_received_total"] = ended["batches_received_total"] + sum(
+                r.batches for r in open_links
+            )
+            if open_links:
+                link_stats["acked_seq"] = max(r.acked_seq for r in open_links)
         stats["link"] = link_stats
         stats["resync"] = {
             "active": self.resync_active,
