@@ -2,6 +2,8 @@
 
     sudo .venv/bin/python bench/bus_bench.py            # needs root for the corosync site
     sudo .venv/bin/python bench/bus_bench.py --repeat 5 --sizes 8192
+    sudo BENCH_PROFILE=/tmp/prof .venv/bin/python bench/bus_bench.py --sizes 8192
+                                                        # cProfile of each member
 
 For each payload size, one member multicasts COUNT messages as fast as the
 bus lets it, and all three members (the sender included) receive them; the
@@ -44,6 +46,12 @@ def member_main(args: argparse.Namespace) -> int:
         return bare_member(args)
     import trio
 
+    if os.environ.get("BENCH_PROFILE"):
+        import cProfile
+        prof = cProfile.Profile()
+        rc = prof.runcall(trio.run, framework_member, args)
+        prof.dump_stats(f"{os.environ['BENCH_PROFILE']}-{args.node}.prof")
+        return int(rc)
     return int(trio.run(framework_member, args))
 
 

@@ -69,8 +69,10 @@ class BusStatistics:
 
     ``events_queued`` is what waits for the application to read it now;
     ``events_queued_max`` is the most that ever waited; ``events_queue_limit``
-    is the bound neither can exceed.  ``send_waits`` counts the times
-    ``multicast`` had to wait for the bus (backpressure).
+    is the bound neither can exceed.  ``send_waits`` counts backpressure on
+    either side: the times ``multicast`` had to wait for the bus, and the
+    times the member stopped taking events from the bus because its queue
+    was full (the bus then waits for the reader).
     """
 
     events_queued: int

@@ -13,16 +13,21 @@ trio:
   ``EVENTS_QUEUE_LIMIT`` events) has room: a full queue stops the dispatching
   and corosync holds the messages for us, so the reader sets the pace.  The
   callbacks decode straight into that queue.  Dispatching is a synchronous
-  "pump" that three places run: the dispatcher task when the CPG fd (awaited
-  with ``trio.lowlevel.wait_readable``) is readable, the reader when the
-  queue is empty, and the sender after each multicast (a client that sends
-  without dispatching makes corosync queue for it).  The reader takes events
-  from the deque without a task switch per event; it yields to the scheduler
-  every ``READS_PER_CHECKPOINT`` events.
+  "pump" run by the reader when its queue is empty and by the sender every
+  ``SENDS_PER_CHECKPOINT`` multicasts (a client that sends without
+  dispatching makes corosync queue for it).  The reader itself waits for the
+  CPG fd (``trio.lowlevel.wait_readable``) when nothing is queued, so a
+  wake-up costs one task switch, as a plain libcpg loop costs one select();
+  whoever else queues events (the sender's pump, the quorum loop, the end of
+  the stream) cancels that wait.  The reader takes events from the deque
+  without a task switch per event; it yields to the scheduler every
+  ``READS_PER_CHECKPOINT`` events.
 * ``cpg_mcast_joined`` answering ``CS_ERR_TRY_AGAIN`` is backpressure: the
-  sender sleeps a short, growing while (1 ms to 20 ms; the dispatcher keeps
-  running meanwhile) and tries again.  It is never an error and never a busy
-  loop.
+  sender dispatches what it can, sleeps a short, growing while (0.5 ms to
+  20 ms; the reader keeps running meanwhile) and tries again.  It is never
+  an error and never a busy loop.  Multicasts are serialised by a
+  ``trio.StrictFIFOLock`` taken without a trip through the scheduler when
+  nobody waits for it.
 * Payloads above ``CHUNK_BYTES`` are split into chunks: libcpg would fragment
   them itself, but its fragmentation blocks the calling thread until the whole
   message is through.  Each CPG message starts with one kind byte::
@@ -249,7 +254,12 @@ class _EventStream:
         return self
 
     async def __anext__(self) -> BusEvent:
-        return await self._member._next_event()
+        member = self._member
+        if member._ready and not member._pending and member._reads_left > 1:
+            # The common case, without a second coroutine: an event is here.
+            member._reads_left -= 1
+            return member._ready.popleft()
+        return await member._next_event()
 
 
 class CorosyncMember:
@@ -268,12 +278,12 @@ class CorosyncMember:
         self._partial_bytes = 0
         self._ids: dict[tuple[int, int], MemberId] = {}
         self._numbers = itertools.count(1)
-        self._reader_wakeup: trio.Event | None = None
-        self._room_wakeup: trio.Event | None = None
+        # The reader's wait on the CPG fd, while its queue is empty; cancelled
+        # by whoever else puts events in the queue (the sender's pump, the
+        # quorum loop, the end of the stream).
+        self._reader_wait: trio.CancelScope | None = None
         self._ended = False  # no more events will be added (error or left)
         self._callback_error: BaseException | None = None
-        # One multicast at a time (chunks of one payload stay together): a
-        # flag and a parking lot, cheaper than trio.Lock on the hot path.
         # One multicast at a time, in the order they were called: a member's
         # own messages (and the chunks of a large one) keep their order.
         # trio.StrictFIFOLock hands the lock to the longest waiter; a flag and
@@ -291,7 +301,7 @@ class CorosyncMember:
         self._multicast = 0
         self._send_waits = 0
         self._sends = 0
-        self._reads = 0
+        self._reads_left = READS_PER_CHECKPOINT  # reads until the next checkpoint
         self._handle = 0
         self._quorum_handle = 0
         self._fd = -1
@@ -352,6 +362,8 @@ class CorosyncMember:
         _check(rc, f"cpg_join of group {self._config.group!r}")
 
     def _finalize(self) -> None:
+        if self._fd >= 0:
+            trio.lowlevel.notify_closing(self._fd)  # a reader waiting on it wakes
         if self._handle:
             self._cpg.cpg_finalize(self._handle)
             _members_by_handle.pop(self._handle, None)
@@ -380,7 +392,15 @@ class CorosyncMember:
             raise self._error
         if self._leaving:
             raise BusError(f"member {self.me} has left group {self._config.group!r}")
-        async with self._send_lock:
+        lock = self._send_lock
+        try:
+            # Uncontended (the usual case): no trip through the scheduler;
+            # _mcast checkpoints every SENDS_PER_CHECKPOINT sends.  A lock
+            # with waiters refuses, so nobody overtakes them.
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
             if len(payload) <= CHUNK_BYTES:
                 await self._mcast(None, payload)
             else:
@@ -391,6 +411,8 @@ class CorosyncMember:
                     head = _CHUNK.pack(_CHUNK_KIND, number, index, count)
                     chunk = view[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES]
                     await self._mcast(head, chunk)
+        finally:
+            lock.release()
         self._multicast += 1
 
     def events(self) -> AsyncIterator[BusEvent]:
@@ -430,7 +452,7 @@ class CorosyncMember:
                 raise self._lost(f"cpg_mcast_joined failed with corosync error {rc}")
             # Backpressure: corosync's queues are full.  Dispatch what we can
             # (our own unread messages may be what holds it up), then wait,
-            # growing; the dispatcher and the reader run meanwhile.
+            # growing; the reader runs meanwhile.
             self._send_waits += 1
             if waited > TRY_AGAIN_GIVE_UP_S:
                 raise self._lost(f"corosync refused to send for {waited:.0f} s")
@@ -439,10 +461,12 @@ class CorosyncMember:
             waited += backoff
             backoff = min(backoff * 2, TRY_AGAIN_MAX_S)
         del head_buffer, data_buffer  # the iovec pointed into them until here
-        # Dispatch inline, like a plain libcpg loop: no task switch per message.
-        self._pump()
         self._sends += 1
         if self._sends % SENDS_PER_CHECKPOINT == 0:
+            # Dispatch what came meanwhile (our own messages among it: a
+            # member that sends without dispatching makes corosync queue for
+            # it), then let the reader and the other tasks run.
+            self._pump()
             await trio.lowlevel.checkpoint()
 
     # -- receiving -------------------------------------------------------------------
@@ -459,14 +483,12 @@ class CorosyncMember:
         """No more events will come: wake the reader so it ends the stream."""
         self._ended = True
         self._wake_reader()
-        if self._room_wakeup is not None:
-            self._room_wakeup.set()
 
     def _wake_reader(self) -> None:
-        wakeup = self._reader_wakeup
-        if wakeup is not None:
-            self._reader_wakeup = None
-            wakeup.set()
+        scope = self._reader_wait
+        if scope is not None:
+            self._reader_wait = None
+            scope.cancel()
 
     def _pump(self) -> None:
         """Dispatch what libcpg holds for us, as far as the event queue has room.
@@ -493,6 +515,10 @@ class CorosyncMember:
         available = self._available[0]
         if available <= 0:
             return
+        if available > room:
+            # libcpg holds more than the queue takes: the bus waits for the
+            # reader (backpressure), and keeps the rest meanwhile.
+            self._send_waits += 1
         dispatch = self._cpg.cpg_dispatch
         handle = self._handle
         before = len(ready)
@@ -520,7 +546,7 @@ class CorosyncMember:
     async def _next_event(self) -> BusEvent:
         ready = self._ready
         if not ready:
-            self._pump()  # no task switch when libcpg already has something
+            self._pump()  # no wait when libcpg already has something
         while not ready:
             if self._ended:
                 self._flush()
@@ -529,34 +555,25 @@ class CorosyncMember:
                 if self._error is not None:
                     raise self._error
                 raise StopAsyncIteration
-            self._reader_wakeup = wakeup = trio.Event()
-            await wakeup.wait()
+            # The reader itself waits for the CPG fd: one task switch per
+            # wake-up, as a plain libcpg loop has one select().
+            with trio.CancelScope() as scope:
+                self._reader_wait = scope
+                try:
+                    await trio.lowlevel.wait_readable(self._fd)
+                except trio.ClosedResourceError:
+                    self._end()  # the member was finalized under us
+                finally:
+                    self._reader_wait = None
+            self._pump()
         event = ready.popleft()
         if self._pending:
             self._flush()
-        if self._room_wakeup is not None and len(ready) <= EVENTS_QUEUE_LIMIT // 2:
-            self._room_wakeup.set()
-            self._room_wakeup = None
-        self._reads += 1
-        if self._reads % READS_PER_CHECKPOINT == 0:
+        self._reads_left -= 1
+        if self._reads_left <= 0:
+            self._reads_left = READS_PER_CHECKPOINT
             await trio.lowlevel.checkpoint()
         return event
-
-    async def _dispatch_loop(self) -> None:
-        """Dispatch when the CPG fd is readable and nobody else did."""
-        try:
-            while not self._ended:
-                if len(self._ready) >= EVENTS_QUEUE_LIMIT:
-                    # Full queue: stop dispatching until the reader catches
-                    # up (corosync holds the rest: backpressure).
-                    self._send_waits += 1
-                    self._room_wakeup = room = trio.Event()
-                    await room.wait()
-                    continue
-                await trio.lowlevel.wait_readable(self._fd)
-                self._pump()
-        finally:
-            self._end()
 
     async def _quorum_loop(self) -> None:
         while True:
@@ -665,7 +682,6 @@ async def open_corosync_member(config: BusConfig, *, role: Role) -> AsyncIterato
         member._connect()
         await member._join()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(member._dispatch_loop)
             nursery.start_soon(member._quorum_loop)
             try:
                 yield member
