@@ -48,6 +48,7 @@ def member_main(args: argparse.Namespace) -> int:
 
     if os.environ.get("BENCH_PROFILE"):
         import cProfile
+
         prof = cProfile.Profile()
         rc = prof.runcall(trio.run, framework_member, args)
         prof.dump_stats(f"{os.environ['BENCH_PROFILE']}-{args.node}.prof")
