@@ -88,6 +88,11 @@ class SidecarConfig:
     capture: CaptureConfig | None = None
 
 
+# The most replicated commands D's ingress hands its bus in one round trip
+# (several link batches that arrived while the previous round trip ran).
+INGRESS_BATCH_COMMANDS = 2000
+
+
 def describe_error(exc: BaseException) -> str:
     """One line for a person: the messages of an exception (group)."""
     if isinstance(exc, BaseExceptionGroup):
@@ -605,13 +610,29 @@ class Sidecar(SiteMember):
 
         async def applier() -> None:
             nonlocal wake
-            async for last_seq, commands in to_apply:
-                await self.submit_and_wait(*commands)
-                if isinstance(commands[0], pc.ResyncApply):
-                    self._check_resync_applied(commands[0])
-                else:
-                    self.ingested += len(commands)
-                receiver.ack(last_seq)
+            async for first_seq, first in to_apply:
+                last_seq, commands = first_seq, list(first)
+                later: tuple[int, list[pc.Command]] | None = None
+                if not isinstance(commands[0], pc.ResyncApply):
+                    # What else has arrived goes through D's bus in the same
+                    # round trip: one wait for all of it, then one ack.
+                    while len(commands) < INGRESS_BATCH_COMMANDS:
+                        try:
+                            seq, more = to_apply.receive_nowait()
+                        except trio.WouldBlock:
+                            break
+                        if isinstance(more[0], pc.ResyncApply):
+                            later = (seq, more)
+                            break
+                        commands.extend(more)
+                        last_seq = seq
+                for seq, batch in [(last_seq, commands), *([later] if later else [])]:
+                    await self.submit_and_wait(*batch)
+                    if isinstance(batch[0], pc.ResyncApply):
+                        self._check_resync_applied(batch[0])
+                    else:
+                        self.ingested += len(batch)
+                    receiver.ack(seq)
                 wake.set()
 
         collector: rs.ResyncCollector | None = None
