@@ -24,6 +24,7 @@ Broker config (``drgate broker --config FILE``)::
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from cluster.bus import BusConfig
@@ -46,6 +47,16 @@ def read_text(path: str) -> str:
         raise ConfigError(
             [Problem(Location(path, 1, 1), f"cannot read the file: {exc.strerror}")]
         ) from exc
+
+
+def beside(config_path: str, value: str) -> str:
+    """A path named in a config file: relative paths are relative to the
+    folder of that file (as an operator reads them), absolute ones stay.
+    A config given as text (no file) leaves them relative to the working
+    directory."""
+    if not value or Path(value).is_absolute() or not Path(config_path).is_file():
+        return value
+    return str(Path(config_path).resolve().parent / value)
 
 
 def parse_hostport(text: str, node: Node, problems: Problems, *, what: str) -> tuple[str, int]:
@@ -135,6 +146,7 @@ def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
             for key, value in (tls_fields or {}).items():
                 text_value = expect_str(value, problems, what=f"'amqp.tls.{key}'")
                 if text_value is not None:
+                    text_value = beside(path, text_value)
                     if not Path(text_value).is_file():
                         problems.error(
                             value.location,
@@ -254,7 +266,10 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         )
         if spool is not None:
             if "directory" in spool:
-                spool_dir = expect_str(spool["directory"], problems, what="'spool.directory'") or ""
+                spool_dir = beside(
+                    path,
+                    expect_str(spool["directory"], problems, what="'spool.directory'") or "",
+                )
             if "max_bytes" in spool:
                 spool_max = (
                     expect_int(
@@ -273,6 +288,7 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
     rules = None
     rules_path = text_of("rules")
     if rules_path is not None:
+        rules_path = beside(path, rules_path)
         try:
             rules = load_rules(read_text(rules_path), rules_path)
         except (RulesError, ConfigError) as exc:
@@ -289,12 +305,15 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         for key, tls_node in (tls_fields or {}).items():
             path_value = expect_str(tls_node, problems, what=f"'tls.{key}'")
             if path_value is not None:
+                path_value = beside(path, path_value)
                 if not Path(path_value).is_file():
                     problems.error(
                         tls_node.location, f"'tls.{key}' names {path_value!r}, which is not a file"
                     )
                 tls[key] = path_value
     capture = load_capture(fields["capture"], problems) if "capture" in fields else None
+    if capture is not None:
+        capture = dataclasses.replace(capture, directory=beside(path, capture.directory))
     problems.raise_if_any(ConfigError)
     if site is None or role is None or node_id is None or bus is None or rules is None:
         raise AssertionError("a missing value was not reported as a problem")

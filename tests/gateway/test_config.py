@@ -383,6 +383,37 @@ def test_valid_sidecar_config_builds_the_frozen_object(tmp_path: Path) -> None:
         config.site = "other"  # type: ignore[misc]
 
 
+def test_relative_paths_are_relative_to_the_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    write(folder, "rules.yaml", LAB_RULES.read_text())
+    for name in ("node.pem", "node.key", "ca.pem"):
+        write(folder, name, "PEM")
+    text = (
+        "site: site-p\nrole: primary\nnode: 1\npeer_cluster: site-d\npeers: [127.0.0.1:7500]\n"
+        "bus: {backend: embedded, address: 127.0.0.1:7401}\n"
+        "spool: {directory: spool}\nrules: rules.yaml\n"
+        "tls: {cert: node.pem, key: node.key, ca: /etc/ssl/absolute-ca.pem}\n"
+        "capture: {directory: capture}\n"
+    )
+    path = write(folder, "sidecar.yaml", text)
+    monkeypatch.chdir(tmp_path)  # elsewhere: the working directory must not matter
+    with pytest.raises(ConfigError) as caught:
+        load_sidecar_config(str(path))
+    # Only the absolute path is missing; the relative ones were found beside the file.
+    assert [p.split(": error: ")[1] for p in problems_of(caught.value)] == [
+        "'tls.ca' names '/etc/ssl/absolute-ca.pem', which is not a file"
+    ]
+    path.write_text(text.replace("/etc/ssl/absolute-ca.pem", "ca.pem"))
+    config = load_sidecar_config(str(path))
+    assert config.spool_dir == str(folder / "spool")
+    assert config.rules.path == str(folder / "rules.yaml")
+    assert config.tls_cert == str(folder / "node.pem")
+    assert config.capture is not None and config.capture.directory == str(folder / "capture")
+
+
 def test_dr_sidecar_config_defaults(tmp_path: Path) -> None:
     text = (
         f"site: site-d\nrole: dr\nnode: 2\npeer_cluster: site-p\nlisten: 0.0.0.0:7500\n"
