@@ -21,6 +21,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -106,3 +107,11 @@ def converged(two: TwoSites, d_node: int = 2, queue: str = "q-full") -> bool:
     """D's replica of ``queue`` (on broker ``d_node``) equals P's (broker 2)."""
     p, d = queues(two.p.describe(2)), queues(two.d.describe(d_node))
     return queue in d and p[queue]["digest"] == d[queue]["digest"]
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Write ``path`` as an editor does: a new file renamed over the old one
+    (a new inode, so a watcher sees it even within one mtime tick)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -7,14 +7,13 @@ embedded bus, Proton clients.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from deploy.lab.site import LAB_RULES, TwoSites, finish_client
-from tests.lab import converged, queues, status, wait_for
+from tests.lab import converged, queues, replace_file, status, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -32,16 +31,10 @@ default:
 ORDERS_TYPO = ORDERS_FULL.replace("mode: full", "mode: fll")
 
 
-def write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 @pytest.fixture
 def rules(tmp_path: Path) -> Path:
     path = tmp_path / "rules.yaml"
-    write(path, LAB_RULES.read_text())
+    replace_file(path, LAB_RULES.read_text())
     return path
 
 
@@ -71,7 +64,7 @@ def test_an_edited_rules_file_switches_every_tap_and_a_bad_edit_changes_nothing(
     wait_for("the link carries q-full", lambda: converged(two))
     assert "orders" not in queues(two.d.describe(1))  # from-args, no arguments: none
 
-    write(rules, ORDERS_TYPO)
+    replace_file(rules, ORDERS_TYPO)
     wait_for(
         "every P sidecar reports the bad file",
         lambda: all("fll" in status(two, "site-p", n)["rules_file_problem"] for n in two.nodes),
@@ -81,7 +74,7 @@ def test_an_edited_rules_file_switches_every_tap_and_a_bad_edit_changes_nothing(
     assert all(status(two, "site-p", n)["rules_version"] == 0 for n in two.nodes)
     assert status(two, "site-p", 2)["rules_reload_failures"] == 1
 
-    write(rules, ORDERS_FULL)
+    replace_file(rules, ORDERS_FULL)
     wait_for(
         "every tap applied the new rules",
         lambda: [status(two, "site-p", n)["rules_version"] for n in two.nodes] == [1, 1, 1],

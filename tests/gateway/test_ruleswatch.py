@@ -4,7 +4,6 @@ it proposes, what it refuses, and that it says so once per bad content."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from filters.rules import load_rules
 from filters.switch import apply_switch
 from gateway.ruleswatch import RulesWatcher
 from protocol.modes import Mode
+from tests.lab import replace_file
 
 START = "version: 1\nrules: []\ndefault:\n  mode: from-args\n  fallback: none\n"
 ORDERS_FULL = (
@@ -22,18 +22,10 @@ ORDERS_FULL = (
 BAD = "version: 1\nrules:\n  - name: orders\n    match: {queue: orders}\n    action: {mode: fll}\n"
 
 
-def write(path: Path, text: str) -> None:
-    # A new inode each time, as an editor's write-and-rename does; the stamp
-    # is (mtime, size, inode), so this is seen even within one mtime tick.
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 @pytest.fixture
 def rules_file(tmp_path: Path) -> Path:
     path = tmp_path / "rules.yaml"
-    write(path, START)
+    replace_file(path, START)
     return path
 
 
@@ -47,7 +39,7 @@ def test_a_valid_edit_is_proposed_and_applies_as_the_next_version(rules_file: Pa
     in_force = load_rules(START, str(rules_file))
     watcher = RulesWatcher(str(rules_file))
     watcher.start_from()
-    write(rules_file, ORDERS_FULL)
+    replace_file(rules_file, ORDERS_FULL)
     payload = watcher.poll(in_force)
     assert payload is not None and payload.text == ORDERS_FULL
     switched = apply_switch(in_force, payload, cseq=42)
@@ -62,10 +54,10 @@ def test_an_invalid_edit_keeps_the_rules_and_is_reported_once(
     in_force = load_rules(START, str(rules_file))
     watcher = RulesWatcher(str(rules_file))
     watcher.start_from()
-    write(rules_file, BAD)
+    replace_file(rules_file, BAD)
     with caplog.at_level(logging.ERROR, logger="drgate.rules"):
         assert watcher.poll(in_force) is None
-        write(rules_file, BAD + "\n")  # touched again, same mistake, other bytes
+        replace_file(rules_file, BAD + "\n")  # touched again, same mistake, other bytes
         assert watcher.poll(in_force) is None
         watcher.retry()
         assert watcher.poll(in_force) is None  # the very same content: not again
@@ -73,7 +65,7 @@ def test_an_invalid_edit_keeps_the_rules_and_is_reported_once(
     assert [r.getMessage().count("fll") > 0 for r in caplog.records] == [True, True]
     assert "rules in force (version 0) stay" in watcher.problem
     assert f"{rules_file}:5" in watcher.problem  # file and line of the mistake
-    write(rules_file, START)  # put back: the problem clears, nothing to propose
+    replace_file(rules_file, START)  # put back: the problem clears, nothing to propose
     assert watcher.poll(in_force) is None
     assert watcher.problem == ""
 
