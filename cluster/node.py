@@ -80,9 +80,9 @@ FRAME_MAX_BYTES = 256 * 1024
 COMMAND_QUEUE = 1000
 # Snapshot bytes per StateChunk command.
 CHUNK_BYTES = 512 * 1024
-# Addresses of the management interface (see docs/broker.md).
 # The AMQP error condition of what a broker refuses in a minority partition.
 MINORITY_CONDITION = "amqp:precondition-failed"
+# Addresses of the management interface (see docs/broker.md).
 ADMIN_ADDRESS = "$drgate.admin"
 QUEUES_ADDRESS = "$drgate.queues"
 
