@@ -98,10 +98,6 @@ class RulesWatcher:
         )
         return decision.payload
 
-    def retry(self) -> None:
-        """Look at the file again at the next poll (a proposal did not go out)."""
-        self._seen = None
-
     def _refuse(self, text: str, *, key: str) -> None:
         self.problem = text
         if key != self._refused:
