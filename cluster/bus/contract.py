@@ -4,8 +4,11 @@ A member joins one group and gets one stream of events in agreed order:
 ``Delivery`` for each multicast message (its own included) and ``ViewChange``
 whenever the membership changes.  Every member that survives a view change
 sees it at the same point of its stream and sees the same messages in the
-same order between view changes.  ``multicast`` waits while the bus is
-congested (backpressure): nothing is buffered without bound.  A lost
+same order between view changes.  ``multicast`` returns once the message
+is queued in the member's bounded send buffer, in call order, and waits
+while that buffer is full (backpressure): nothing is buffered without bound.
+A member's own delivery of a message confirms it; ``leave`` sends the
+buffer first.  A lost
 connection to the engine (corosync or the sequencer) ends the stream with
 :class:`protocol.errors.BusError`.
 
@@ -92,7 +95,8 @@ class BusMember(Protocol):
     async def multicast(self, payload: bytes) -> None:
         """Send ``payload`` to every member (this one included); waits under backpressure.
 
-        Raises ``BusError`` when the connection to the bus is lost.
+        Returns once ``payload`` is queued (not yet delivered); raises
+        ``BusError`` when the connection to the bus is lost.
         """
         ...
 
@@ -101,7 +105,10 @@ class BusMember(Protocol):
         ...
 
     async def leave(self) -> None:
-        """Leave the group; the stream ends after the events already received."""
+        """Leave the group, after sending what ``multicast`` queued.
+
+        The stream ends after the events already received.
+        """
         ...
 
 

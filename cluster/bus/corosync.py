@@ -8,39 +8,52 @@ a configuration change sits at the same point of every surviving member's
 stream (virtual synchrony).  This module only moves data between libcpg and
 trio:
 
+* ``multicast`` queues the payload in the member's send buffer (at most
+  ``SEND_BUFFER_BYTES``, or one payload of any size) and returns, as a
+  socket's send does; it waits only while the buffer is full, and waiting
+  callers get room in call order (a ``trio.StrictFIFOLock``).  One flusher
+  task hands the buffer to corosync in order: consecutive small payloads go
+  out packed as one CPG message (at most ``PACK_BYTES`` and
+  ``PACK_MAX_ITEMS``), because each
+  ``cpg_mcast_joined`` is a synchronous round trip to corosync and corosync
+  spends less CPU per message the more each token rotation carries.  The
+  member's own delivery of a message is its confirmation; ``leave`` sends
+  what is buffered first.
 * ``cpg_dispatch(CS_DISPATCH_ONE_NONBLOCKING)`` runs one callback at a time,
   and only while the member's bounded event queue (a deque, at most
   ``EVENTS_QUEUE_LIMIT`` events) has room: a full queue stops the dispatching
   and corosync holds the messages for us, so the reader sets the pace.  The
-  callbacks decode straight into that queue.  Dispatching is a synchronous
-  "pump" run by the reader when its queue is empty and by the sender every
-  ``SENDS_PER_CHECKPOINT`` multicasts (a client that sends without
-  dispatching makes corosync queue for it).  The reader itself waits for the
-  CPG fd (``trio.lowlevel.wait_readable``) when nothing is queued, so a
-  wake-up costs one task switch, as a plain libcpg loop costs one select();
-  whoever else queues events (the sender's pump, the quorum loop, the end of
-  the stream) cancels that wait.  The reader takes events from the deque
-  without a task switch per event; it yields to the scheduler every
-  ``READS_PER_CHECKPOINT`` events.
+  callbacks decode straight into that queue (a pack's payloads past the
+  bound wait in order behind it).  Dispatching is a synchronous "pump" run
+  by the reader when its queue is empty and by the flusher every
+  ``CHECKPOINT_MESSAGES`` payloads or ``CHECKPOINT_BYTES`` sent (a client
+  that sends without dispatching makes corosync queue for it).  The reader
+  itself waits for the CPG fd (``trio.lowlevel.wait_readable``) when nothing
+  is queued, so a wake-up costs one task switch, as a plain libcpg loop costs
+  one select(); whoever else queues events (the flusher's pump, the quorum
+  loop, the end of the stream) cancels that wait.  The reader takes events
+  from the deque without a task switch per event; it yields to the
+  scheduler every ``READS_PER_CHECKPOINT`` events.
 * ``cpg_mcast_joined`` answering ``CS_ERR_TRY_AGAIN`` is backpressure: the
-  sender dispatches what it can, sleeps a short, growing while (0.5 ms to
+  flusher dispatches what it can, sleeps a short, growing while (0.5 ms to
   20 ms; the reader keeps running meanwhile) and tries again.  It is never
-  an error and never a busy loop.  Multicasts are serialised in FIFO order
-  by ``_SendTurn`` (a free turn is taken without a trip through the
-  scheduler).
+  an error and never a busy loop; the buffer fills and ``multicast`` waits.
 * Payloads above ``CHUNK_BYTES`` are split into chunks: libcpg would fragment
   them itself, but its fragmentation blocks the calling thread until the whole
   message is through.  Each CPG message starts with one kind byte::
 
       WHOLE  0x00 | payload
       CHUNK  0x01 | u64 message number | u32 index | u32 count | data
+      PACK   0x02 | u16 count | u32 length * count | the payloads, in order
 
   A chunked message takes its place in the stream where its *first* chunk is
   delivered; what follows waits behind it until its last chunk is in.  So a
   member that joins in the middle of a chunked message (and lacks its first
   chunk) is exactly a member that joined after that message: it drops the
   rest, while older members deliver it before the join.  Partial messages of
-  a sender that leaves are dropped by every member at the same point.
+  a sender that leaves are dropped by every member at the same point.  A
+  pack is one CPG message, so its payloads are delivered together, at one
+  point of every member's stream.
 * Quorum comes from corosync's quorum service (libquorum): every view change
   carries ``quorum_getquorate`` as read when the configuration change is
   processed (corosync settles quorum before CPG reports a new configuration);
@@ -48,7 +61,9 @@ trio:
   with nothing joined or left.  That one is local: other members see theirs
   at their own points.
 * A lost connection to corosync (dispatch or multicast failing) ends the
-  event stream with ``BusError``.
+  event stream with ``BusError``, and ``multicast`` raises it; what was
+  still buffered is lost with the member, as corosync loses what it had
+  accepted from a node that fails.
 
 One member per process per group: CPG names a member by (nodeid, pid).
 """
@@ -57,6 +72,7 @@ from __future__ import annotations
 
 import array
 import collections
+import contextlib
 import fcntl
 import itertools
 import os
@@ -153,9 +169,20 @@ CHUNK_BYTES = 256 * 1024
 # Events decoded but not yet read by the application.  When it is full the
 # dispatching stops and corosync holds the rest for us.
 EVENTS_QUEUE_LIMIT = 128
-# Sends between two yields to the scheduler (the sender dispatches inline, so
-# this only lets the reader and other tasks run).
-SENDS_PER_CHECKPOINT = 16
+# Multicasts wait in a member's send buffer (at most SEND_BUFFER_BYTES, or
+# one payload of any size) until its flusher hands them to corosync; the
+# flusher packs consecutive small ones into one CPG message of at most
+# PACK_BYTES and PACK_MAX_ITEMS payloads.  One cpg_mcast_joined is one
+# synchronous round trip to corosync, and corosync spends less CPU per
+# message the more each token rotation carries: measured in bench/bus_bench.py.
+PACK_BYTES = 64 * 1024
+PACK_MAX_ITEMS = 64
+SEND_BUFFER_BYTES = 16 * PACK_BYTES
+# The flusher dispatches (its own messages among what came) and yields to
+# the scheduler after this many payloads or bytes sent: well within the event
+# queue, so the reader keeps up with what the member sends itself.
+CHECKPOINT_MESSAGES = EVENTS_QUEUE_LIMIT // 4
+CHECKPOINT_BYTES = 1024 * 1024
 # Events read between two yields to the scheduler.
 READS_PER_CHECKPOINT = 32
 # Backpressure waits after CS_ERR_TRY_AGAIN: short first, growing, capped.
@@ -167,6 +194,8 @@ TRY_AGAIN_GIVE_UP_S = 60.0
 _WHOLE = b"\x00"
 _CHUNK_KIND = 1
 _CHUNK = struct.Struct(">BQII")  # kind, message number, index, count
+_PACK_KIND = 2
+_PACK = struct.Struct(">BH")  # kind, payload count; then a u32 length per payload
 
 # Callbacks receive only the handle: it leads back to the member.
 _members_by_handle: dict[int, CorosyncMember] = {}
@@ -182,14 +211,18 @@ def _on_deliver(handle: int, _group: Any, nodeid: int, pid: int, msg: Any, size:
         sender = member._ids.get((nodeid, pid))
         if sender is None:
             sender = member._ids[(nodeid, pid)] = MemberId(nodeid, pid)
-        if data[0] == _WHOLE:
+        kind = data[0]
+        if kind == _WHOLE:
             member._delivered += 1
             delivery = Delivery(sender, data[1:])  # the one copy out of libcpg
             if member._pending:
                 member._pending.append(_Slot(delivery))
             else:
                 member._ready.append(delivery)
-        elif data[0] == b"\x01" and size >= _CHUNK.size:
+        elif kind == b"\x02" and size >= _PACK.size:
+            with contextlib.suppress(ValueError):  # not ours (see below)
+                member._unpack(sender, data)
+        elif kind == b"\x01" and size >= _CHUNK.size:
             member._chunk(sender, data[:])
         # Anything else is not ours (a foreign CPG client in our group): skipped.
     except BaseException as exc:  # never unwind through libcpg
@@ -232,6 +265,56 @@ _confchg_callback = ffi.callback("cpg_confchg_fn_t", _on_confchg)
 _quorum_callback = ffi.callback("quorum_notification_fn_t", _on_quorum)
 
 
+def take_pack(outbox: collections.deque[bytes]) -> list[bytes]:
+    """Take the next payloads from ``outbox`` that go out as one CPG message.
+
+    Consecutive payloads while they fit in ``PACK_BYTES`` (with their length
+    words) and number at most ``PACK_MAX_ITEMS``; a payload larger than a
+    pack goes alone.  ``outbox`` must not be empty.
+    """
+    first = outbox.popleft()
+    items = [first]
+    size = _PACK.size + 4 + len(first)
+    if size > PACK_BYTES:
+        return items
+    while outbox and len(items) < PACK_MAX_ITEMS:
+        size += 4 + len(outbox[0])
+        if size > PACK_BYTES:
+            break
+        items.append(outbox.popleft())
+    return items
+
+
+def encode_pack(items: list[bytes]) -> tuple[bytes, bytes]:
+    """A packed CPG message for ``items``: its head (kind, count, lengths) and body."""
+    count = len(items)
+    head = _PACK.pack(_PACK_KIND, count) + struct.pack(f">{count}I", *map(len, items))
+    return head, b"".join(items)
+
+
+def decode_pack(data: Any) -> list[bytes]:
+    """The payloads of a packed CPG message (``data``: the whole message).
+
+    Raises ``ValueError`` when the lengths do not add up to the message (not
+    something ``encode_pack`` made).
+    """
+    try:
+        kind, count = _PACK.unpack_from(data)
+        lengths = struct.unpack_from(f">{count}I", data, _PACK.size)
+    except struct.error as exc:
+        raise ValueError(f"pack head cut short ({exc})") from None
+    if kind != _PACK_KIND:
+        raise ValueError(f"kind {kind} is not a pack")
+    offset = _PACK.size + 4 * count
+    if offset + sum(lengths) != len(data):
+        raise ValueError(f"pack of {count} payloads does not add up to {len(data)} bytes")
+    payloads = []
+    for length in lengths:
+        payloads.append(data[offset : offset + length])
+        offset += length
+    return payloads
+
+
 def _check(rc: int, what: str) -> None:
     if rc != CS_OK:
         raise BusError(f"{what} failed with corosync error {rc}; is corosync running on this node?")
@@ -244,36 +327,6 @@ class _Slot:
     event: BusEvent | None
     chunks: list[bytes] | None = None
     dropped: bool = False
-
-
-class _SendTurn:
-    """One multicast at a time, in the order they were asked for.
-
-    What ``trio.StrictFIFOLock`` does, for a lock taken on every multicast:
-    a flag and a parking lot, and ``release`` hands the turn straight to the
-    longest waiter (the flag stays set), so a newcomer never overtakes a
-    woken waiter.  Taking a free turn is two attribute reads and a write;
-    trio's lock also records the owning task and its parking-lot breakers,
-    which cost a fifth of the sender's CPU in a profile.
-    """
-
-    __slots__ = ("_held", "_lot")
-
-    def __init__(self) -> None:
-        self._held = False
-        self._lot = trio.lowlevel.ParkingLot()
-
-    async def acquire(self) -> None:
-        if not self._held:
-            self._held = True  # free: nobody can be waiting (release hands over)
-            return
-        await self._lot.park()  # woken holding the turn
-
-    def release(self) -> None:
-        if self._lot:
-            self._lot.unpark()  # the turn passes on; still held
-        else:
-            self._held = False
 
 
 class _EventStream:
@@ -314,11 +367,18 @@ class CorosyncMember:
         self._reader_wait: trio.CancelScope | None = None
         self._ended = False  # no more events will be added (error or left)
         self._callback_error: BaseException | None = None
-        # One multicast at a time, in the order they were called: a member's
-        # own messages (and the chunks of a large one) keep their order.
-        # The turn passes straight to the longest waiter (a flag that was
-        # cleared and re-taken once let a newcomer overtake a woken waiter).
-        self._send_turn = _SendTurn()
+        # The send buffer: payloads multicast but not yet handed to corosync,
+        # in call order, and their total size.  Only the flusher task sends.
+        self._outbox: collections.deque[bytes] = collections.deque()
+        self._outbox_bytes = 0
+        self._flusher_idle = trio.lowlevel.ParkingLot()  # the flusher, waiting for work
+        self._room = trio.lowlevel.ParkingLot()  # a multicast, waiting for room
+        self._drained = trio.lowlevel.ParkingLot()  # leave(), waiting for an empty buffer
+        self._flushing = False  # the flusher holds payloads taken from the outbox
+        # Multicasts that must wait for room queue for it in call order, so a
+        # member's own messages keep their order: the lock passes straight to
+        # the longest waiter, and a newcomer that finds it held queues too.
+        self._send_turn = trio.StrictFIFOLock()
         self._error: BusError | None = None
         self._leaving = False
         self._left = False
@@ -330,7 +390,8 @@ class CorosyncMember:
         self._delivered = 0
         self._multicast = 0
         self._send_waits = 0
-        self._sends = 0
+        self._sent_messages = 0  # payloads sent since the flusher last yielded
+        self._sent_bytes = 0
         self._reads_left = READS_PER_CHECKPOINT  # reads until the next checkpoint
         self._handle = 0
         self._quorum_handle = 0
@@ -418,41 +479,104 @@ class CorosyncMember:
         )
 
     async def multicast(self, payload: bytes) -> None:
+        """Queue ``payload`` in the send buffer; waits while the buffer is full.
+
+        Like a socket's send: it returns once the message is queued, and the
+        member's own delivery of it is the confirmation that it went out.
+        """
         if self._error is not None:
             raise self._error
         if self._leaving:
             raise BusError(f"member {self.me} has left group {self._config.group!r}")
         turn = self._send_turn
-        # A free turn is taken without a trip through the scheduler; _mcast
-        # checkpoints every SENDS_PER_CHECKPOINT sends.
-        await turn.acquire()
-        try:
-            if len(payload) <= CHUNK_BYTES:
-                await self._mcast(None, payload)
-            else:
-                number = next(self._numbers)
-                view = memoryview(payload)
-                count = (len(payload) + CHUNK_BYTES - 1) // CHUNK_BYTES
-                for index in range(count):
-                    head = _CHUNK.pack(_CHUNK_KIND, number, index, count)
-                    chunk = view[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES]
-                    await self._mcast(head, chunk)
-        finally:
-            turn.release()
+        if turn.locked() or not self._has_room(len(payload)):
+            # Wait for room behind the multicasts already waiting.
+            async with turn:
+                while True:
+                    if self._error is not None:
+                        raise self._error
+                    if self._has_room(len(payload)):
+                        break
+                    await self._room.park()
+        self._outbox.append(payload)
+        self._outbox_bytes += len(payload)
         self._multicast += 1
+        if self._flusher_idle:
+            self._flusher_idle.unpark()
+
+    def _has_room(self, size: int) -> bool:
+        # A payload larger than the whole buffer goes alone.
+        return not self._outbox or self._outbox_bytes + size <= SEND_BUFFER_BYTES
 
     def events(self) -> AsyncIterator[BusEvent]:
         return _EventStream(self)
 
     async def leave(self) -> None:
+        """Send what the buffer holds, then leave the group."""
         if self._leaving or not self._handle:
             return
         self._leaving = True
-        self._cpg.cpg_leave(self._handle, self._name)
+        while (self._outbox or self._flushing) and self._error is None:
+            await self._drained.park()
+        if self._handle:
+            self._cpg.cpg_leave(self._handle, self._name)
+
+    def _abandon(self) -> None:
+        """Leave at once (the member's scope ended abnormally): the buffer is dropped."""
+        self._leaving = True
+        self._outbox.clear()
+        self._outbox_bytes = 0
+        if self._handle:
+            self._cpg.cpg_leave(self._handle, self._name)
 
     # -- sending ---------------------------------------------------------------------
 
-    async def _mcast(self, head: bytes | None, data: bytes | memoryview) -> None:
+    async def _flusher(self) -> None:
+        """Hand the send buffer to corosync, in order, packing small payloads."""
+        outbox = self._outbox
+        try:
+            while True:
+                while not outbox:
+                    if self._drained:
+                        self._drained.unpark_all()
+                    await self._flusher_idle.park()
+                self._flushing = True
+                while outbox:
+                    items = take_pack(outbox)
+                    if len(items) > 1:
+                        await self._send_pack(items)
+                    else:
+                        await self._send_one(items[0])
+                    self._outbox_bytes -= sum(len(item) for item in items)
+                    if self._room:
+                        self._room.unpark_all()
+                self._flushing = False
+        except BusError:
+            # The member lost corosync (_mcast set the error): the stream ends
+            # with it, and waiting multicasts and leave() see it.
+            self._outbox.clear()
+            self._outbox_bytes = 0
+            self._flushing = False
+            self._end()
+            self._room.unpark_all()
+            self._drained.unpark_all()
+
+    async def _send_pack(self, items: list[bytes]) -> None:
+        head, body = encode_pack(items)
+        await self._mcast(head, body, len(items))
+
+    async def _send_one(self, payload: bytes) -> None:
+        if len(payload) <= CHUNK_BYTES:
+            await self._mcast(None, payload)
+            return
+        number = next(self._numbers)
+        view = memoryview(payload)
+        count = (len(payload) + CHUNK_BYTES - 1) // CHUNK_BYTES
+        for index in range(count):
+            head = _CHUNK.pack(_CHUNK_KIND, number, index, count)
+            await self._mcast(head, view[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES])
+
+    async def _mcast(self, head: bytes | None, data: bytes | memoryview, messages: int = 1) -> None:
         iov = self._iov
         head_buffer = None
         if head is None:
@@ -487,11 +611,14 @@ class CorosyncMember:
             waited += backoff
             backoff = min(backoff * 2, TRY_AGAIN_MAX_S)
         del head_buffer, data_buffer  # the iovec pointed into them until here
-        self._sends += 1
-        if self._sends % SENDS_PER_CHECKPOINT == 0:
+        self._sent_messages += messages
+        self._sent_bytes += len(data)
+        if self._sent_messages >= CHECKPOINT_MESSAGES or self._sent_bytes >= CHECKPOINT_BYTES:
             # Dispatch what came meanwhile (our own messages among it: a
             # member that sends without dispatching makes corosync queue for
-            # it), then let the reader and the other tasks run.
+            # it and then refuse it), then let the reader and the other
+            # tasks run.
+            self._sent_messages = self._sent_bytes = 0
             self._pump()
             await trio.lowlevel.checkpoint()
 
@@ -526,8 +653,7 @@ class CorosyncMember:
         if self._ended or not self._handle:
             return
         ready = self._ready
-        room = EVENTS_QUEUE_LIMIT - len(ready)
-        if room <= 0:
+        if len(ready) >= EVENTS_QUEUE_LIMIT:
             return
         # libqb writes one notification byte to the CPG fd per event, after
         # the event itself: the bytes waiting tell how many events can be
@@ -541,14 +667,15 @@ class CorosyncMember:
         available = self._available[0]
         if available <= 0:
             return
-        if available > room:
-            # libcpg holds more than the queue takes: the bus waits for the
-            # reader (backpressure), and keeps the rest meanwhile.
-            self._send_waits += 1
         dispatch = self._cpg.cpg_dispatch
         handle = self._handle
         before = len(ready)
-        for _ in range(min(room, available)):
+        for _ in range(available):
+            if len(ready) >= EVENTS_QUEUE_LIMIT:
+                # libcpg holds more than the queue takes: the bus waits for
+                # the reader (backpressure), and keeps the rest meanwhile.
+                self._send_waits += 1
+                break
             rc = dispatch(handle, CS_DISPATCH_ONE_NONBLOCKING)
             if rc != CS_OK:
                 if rc != CS_ERR_TRY_AGAIN:
@@ -630,6 +757,22 @@ class CorosyncMember:
             raise self._lost(f"quorum_getquorate failed with corosync error {rc}")
         return bool(quorate[0])
 
+    def _unpack(self, sender: MemberId, data: Any) -> None:
+        """A packed CPG message: its payloads are delivered one by one, in order."""
+        payloads = decode_pack(data)
+        ready = self._ready
+        pending = self._pending
+        self._delivered += len(payloads)
+        for payload in payloads:
+            delivery = Delivery(sender, payload)
+            # Past the queue's bound the rest waits in _pending (at most one
+            # pack's worth: the pump dispatches nothing more while the queue
+            # is full), and _flush moves it on as the reader makes room.
+            if pending or len(ready) >= EVENTS_QUEUE_LIMIT:
+                pending.append(_Slot(delivery))
+            else:
+                ready.append(delivery)
+
     def _chunk(self, sender: MemberId, message: bytes) -> None:
         _kind, number, index, count = _CHUNK.unpack_from(message)
         data = message[_CHUNK.size :]
@@ -709,10 +852,15 @@ async def open_corosync_member(config: BusConfig, *, role: Role) -> AsyncIterato
         await member._join()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(member._quorum_loop)
+            nursery.start_soon(member._flusher)
             try:
                 yield member
+            except BaseException:
+                member._abandon()
+                raise
+            else:
+                await member.leave()  # sends what is still buffered first
             finally:
                 nursery.cancel_scope.cancel()
-                await member.leave()
     finally:
         member._finalize()

@@ -261,6 +261,26 @@ async def test_a_member_delivers_its_own_multicasts(bus: Bus) -> None:
 
 
 @pytest.mark.parametrize("bus", BACKENDS, indirect=True)
+async def test_what_a_member_multicast_before_leaving_is_delivered_before_its_leave(
+    bus: Bus,
+) -> None:
+    # multicast returns once the message is queued (a socket's send buffer,
+    # corosync's send buffer); leave must send the queue first.
+    async with open_members(bus) as start:
+        a, b = await start(1), await start(2)
+        for member in (a, b):
+            await member.wait_for(lambda m: m.sees_members(2), "view of 2")
+        await a.command("send 300 8192")
+        await a.wait_for(lambda m: any(r["t"] == "sent" for r in m.records), "all sent")
+        await a.command("leave")
+        await b.wait_for(lambda m: m.sees_members(1), "a's leave")
+        stream = b.stream_from_view_with({a.me, b.me})
+        tags = [e[2] for e in stream if e[0] == "msg" and e[1] == a.me]
+        assert tags == [f"{a.me}#{i}" for i in range(1, 301)]
+        assert stream[-1] == ("view", (b.me,), (), (a.me,))
+
+
+@pytest.mark.parametrize("bus", BACKENDS, indirect=True)
 async def test_view_changes_at_the_same_point_of_every_stream(bus: Bus) -> None:
     async with open_members(bus) as start:
         a, b = await start(1), await start(2)
