@@ -497,6 +497,7 @@ class CorosyncMember:
                         raise self._error
                     if self._has_room(len(payload)):
                         break
+                    self._send_waits += 1  # backpressure: the buffer is full
                     await self._room.park()
         self._outbox.append(payload)
         self._outbox_bytes += len(payload)

@@ -149,6 +149,7 @@ async def test_a_full_buffer_makes_multicast_wait(member: tuple[CorosyncMember, 
         nursery.start_soon(one_more)
         await trio.testing.wait_all_tasks_blocked()
         assert not blocked.is_set(), "multicast waited for room"
+        assert bus.statistics().send_waits == 1
         nursery.start_soon(bus._flusher)
         await blocked.wait()
         await bus.leave()
