@@ -606,10 +606,11 @@ class Sidecar(SiteMember):
             link.ReceiverConfig(cluster_id=self.config.site), now=trio.current_time()
         )
         to_apply_send, to_apply = trio.open_memory_channel[tuple[int, list[pc.Command]]](8)
-        wake = trio.Event()
+        # The wait for the egress's next bytes; the applier cancels it after
+        # an ack, so the ack goes out at once.
+        reading: trio.CancelScope | None = None
 
         async def applier() -> None:
-            nonlocal wake
             async for first_seq, first in to_apply:
                 last_seq, commands = first_seq, list(first)
                 later: tuple[int, list[pc.Command]] | None = None
@@ -633,7 +634,8 @@ class Sidecar(SiteMember):
                     else:
                         self.ingested += len(batch)
                     receiver.ack(seq)
-                wake.set()
+                if reading is not None:
+                    reading.cancel()
 
         collector: rs.ResyncCollector | None = None
         accepted = False  # this connection's HELLO was accepted
@@ -647,25 +649,14 @@ class Sidecar(SiteMember):
                         await stream.send_all(out)
                     self._receiver_stats[id(receiver)] = receiver.statistics()
                     deadline = receiver.tick(now)
-                    data = b""
-                    wake = trio.Event()
-                    with trio.move_on_at(deadline if deadline is not None else now + 1.0):
-                        async with trio.open_nursery() as waits:
-
-                            async def read() -> None:
-                                nonlocal data
-                                data = bytes(await stream.receive_some(READ_BYTES))
-                                if not data:
-                                    data = b"\0eof"
-                                waits.cancel_scope.cancel()
-
-                            async def acked(wake: trio.Event = wake) -> None:
-                                await wake.wait()
-                                waits.cancel_scope.cancel()
-
-                            waits.start_soon(read)
-                            waits.start_soon(acked)
-                    if data == b"\0eof":
+                    data = None
+                    # Until bytes come, an ack is made or the link's next deadline.
+                    # (A cancelled receive_some consumed nothing.)
+                    with trio.move_on_at(deadline if deadline is not None else now + 1.0) as scope:
+                        reading = scope
+                        data = bytes(await stream.receive_some(READ_BYTES))
+                    reading = None
+                    if data == b"":
                         raise trio.BrokenResourceError("the egress closed the link")
                     if data:
                         receiver.receive_data(data)
