@@ -214,11 +214,7 @@ def _on_deliver(handle: int, _group: Any, nodeid: int, pid: int, msg: Any, size:
         kind = data[0]
         if kind == _WHOLE:
             member._delivered += 1
-            delivery = Delivery(sender, data[1:])  # the one copy out of libcpg
-            if member._pending:
-                member._pending.append(_Slot(delivery))
-            else:
-                member._ready.append(delivery)
+            member._queue(Delivery(sender, data[1:]))  # the one copy out of libcpg
         elif kind == b"\x02" and size >= _PACK.size:
             with contextlib.suppress(ValueError):  # not ours (see below)
                 member._unpack(sender, data)
@@ -525,8 +521,7 @@ class CorosyncMember:
     def _abandon(self) -> None:
         """Leave at once (the member's scope ended abnormally): the buffer is dropped."""
         self._leaving = True
-        self._outbox.clear()
-        self._outbox_bytes = 0
+        self._drop_outbox()
         if self._handle:
             self._cpg.cpg_leave(self._handle, self._name)
 
@@ -555,12 +550,15 @@ class CorosyncMember:
         except BusError:
             # The member lost corosync (_mcast set the error): the stream ends
             # with it, and waiting multicasts and leave() see it.
-            self._outbox.clear()
-            self._outbox_bytes = 0
-            self._flushing = False
+            self._drop_outbox()
             self._end()
             self._room.unpark_all()
             self._drained.unpark_all()
+
+    def _drop_outbox(self) -> None:
+        self._outbox.clear()
+        self._outbox_bytes = 0
+        self._flushing = False
 
     async def _send_pack(self, items: list[bytes]) -> None:
         head, body = encode_pack(items)
@@ -761,18 +759,22 @@ class CorosyncMember:
     def _unpack(self, sender: MemberId, data: Any) -> None:
         """A packed CPG message: its payloads are delivered one by one, in order."""
         payloads = decode_pack(data)
-        ready = self._ready
-        pending = self._pending
         self._delivered += len(payloads)
         for payload in payloads:
-            delivery = Delivery(sender, payload)
-            # Past the queue's bound the rest waits in _pending (at most one
-            # pack's worth: the pump dispatches nothing more while the queue
-            # is full), and _flush moves it on as the reader makes room.
-            if pending or len(ready) >= EVENTS_QUEUE_LIMIT:
-                pending.append(_Slot(delivery))
-            else:
-                ready.append(delivery)
+            self._queue(Delivery(sender, payload))
+
+    def _queue(self, event: BusEvent) -> None:
+        """Put ``event`` next in the stream, as the callbacks decode it.
+
+        It goes behind whatever waits in ``_pending`` (a chunked message still
+        missing chunks, or a pack's payloads past the queue's bound: at most
+        one pack's worth, since the pump dispatches nothing while the queue is
+        full); ``_flush`` moves those on in order as the reader makes room.
+        """
+        if self._pending or len(self._ready) >= EVENTS_QUEUE_LIMIT:
+            self._pending.append(_Slot(event))
+        else:
+            self._ready.append(event)
 
     def _chunk(self, sender: MemberId, message: bytes) -> None:
         _kind, number, index, count = _CHUNK.unpack_from(message)
@@ -819,11 +821,7 @@ class CorosyncMember:
         self._quorate_reported = quorate
         self._members = members
         self._view_id += 1
-        view = ViewChange(self._view_id, members, joined, left, quorate)
-        if self._pending:
-            self._pending.append(_Slot(view))
-        else:
-            self._ready.append(view)
+        self._queue(ViewChange(self._view_id, members, joined, left, quorate))
         if self.me in left:
             self._left = True
 
