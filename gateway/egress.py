@@ -1,0 +1,401 @@
+"""The egress: P's active sidecar streams its spool to D over the WAN link.
+
+Theory of operation
+-------------------
+While this sidecar is the site's egress (:mod:`gateway.roles`), it connects
+to D's sidecars in the configured order and runs one link connection at a
+time (:meth:`Egress.serve`).  A connection starts with HELLO; D's WELCOME
+says what D applied (``resume_from``), and the egress queues the spool's
+events after that point, or first a resync snapshot when D applied nothing
+of this incarnation or less than the spool reaches back to.  D's acks trim
+the spool, and the acked point is announced on P's bus (``AckWatermark``, at
+most once a second) so that the standbys trim theirs.
+
+One task per connection reads D's bytes into the sans-IO
+:class:`protocol.link.LinkSender`; the connection's loop handles the
+sender's events, queues spool events while the window has room, sends what
+the sender has to send and then waits in one cancel scope until the link's
+next deadline.  Anything that may give it work — bytes from D, events
+appended to the spool, a role change — calls :meth:`Egress.wake`, which
+cancels that wait (or, if the loop is busy, makes it skip the next one).
+
+A failed connection is logged, kept in ``last_error`` and retried with
+jittered exponential backoff; a refusal only an operator can fix (D was
+promoted, a new incarnation) is kept while standbys answer "not active",
+and retried at the slowest backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from cluster.node import SiteMember
+from gateway import resync as rs
+from gateway.capture import CaptureSink
+from gateway.linkstatus import LinkStatus
+from gateway.roles import RoleSignal, SidecarRole
+from gateway.spool import Spool
+from gateway.tap import ReplEvent, Tap
+from protocol import cluster as pc
+from protocol import link
+from protocol.errors import DrgateError, LinkError
+
+if TYPE_CHECKING:
+    from gateway.sidecar import SidecarConfig
+
+log = logging.getLogger("drgate.sidecar")
+
+# Reconnect backoff: from 0.1 s doubling to 5 s, with +-50 % jitter so that a
+# site's worth of reconnects does not arrive in step.
+BACKOFF_MIN_S = 0.1
+BACKOFF_MAX_S = 5.0
+CONNECT_TIMEOUT_S = 5.0
+# The standbys trim by the announced watermark; once a second is plenty.
+WATERMARK_INTERVAL_S = 1.0
+# Bytes of spool read per replay step.
+REPLAY_BYTES = 1 << 20
+READ_BYTES = 1 << 16
+# How long the loop waits when the link machine has no deadline.
+IDLE_WAIT_S = 1.0
+
+Connector = Callable[[str], Awaitable[trio.abc.Stream]]
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a person: the messages of an exception (group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe_error(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, DrgateError) else str(exc)
+
+
+def link_error_in(exc: BaseException) -> LinkError | None:
+    """The LinkError an exception is or carries: a link failure raised in a
+    nursery's body reaches the caller wrapped in an exception group."""
+    if isinstance(exc, LinkError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = link_error_in(inner)
+            if found is not None:
+                return found
+    return None
+
+
+class UnackedEvents:
+    """(seq, origin time) of the events spooled and not yet acked by D: the lag.
+    Bounded by the spool: an overflow drops its oldest entries too."""
+
+    def __init__(self) -> None:
+        self._events: deque[tuple[int, int]] = deque()
+
+    def spooled(self, events: Iterable[ReplEvent], floor: int) -> None:
+        self._events.extend((e.seq, e.time_us) for e in events)
+        while len(self._events) > 1 and floor >= self._events[0][0]:
+            self._events.popleft()
+
+    def acked(self, seq: int) -> None:
+        while self._events and self._events[0][0] <= seq:
+            self._events.popleft()
+
+    def clear(self) -> None:
+        self._events.clear()
+
+    def lag(self, now_s: float) -> tuple[int, float]:
+        """Events not acked, and the age of the oldest in seconds."""
+        if not self._events:
+            return 0, 0.0
+        return len(self._events), max(0.0, now_s - self._events[0][1] / 1e6)
+
+
+@dataclass(slots=True)
+class _Session:
+    """One link connection's progress."""
+
+    sender: link.LinkSender
+    address: str
+    welcomed: bool = False
+    last_queued: int = 0  # the highest seq handed to the sender
+
+
+class Egress:
+    """P's side of the WAN link.  ``spool`` is read at every step, since a
+    rejoin replaces the spool; ``role`` is this sidecar's current role."""
+
+    def __init__(
+        self,
+        config: SidecarConfig,
+        member: SiteMember,
+        tap: Tap,
+        *,
+        spool: Callable[[], Spool | None],
+        role: Callable[[], SidecarRole],
+        roles: RoleSignal,
+        connect: Connector,
+        capture: CaptureSink | None = None,
+    ) -> None:
+        self.config = config
+        self.member = member
+        self.tap = tap
+        self._spool = spool
+        self._role = role
+        self._roles = roles
+        self._connect = connect
+        self.capture = capture
+        self.status = LinkStatus()
+        self.unacked = UnackedEvents()
+        self.acked_seq = 0
+        self._refusal = ""  # the last non-retriable refusal by D, until a WELCOME
+        self._sender_stats: Any = None
+        self._last_watermark = -WATERMARK_INTERVAL_S
+        self._waiting: trio.CancelScope | None = None
+        self._woken = False
+
+    def wake(self) -> None:
+        """Something may have given the connection work: stop waiting."""
+        self._woken = True
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    # ------------------------------------------------------------------
+    # Connections
+    # ------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Run the link whenever this sidecar is the egress; never returns."""
+        backoff = BACKOFF_MIN_S
+        peers = self.config.peers
+        index = 0
+        while True:
+            role = self._role()
+            if role != SidecarRole.EGRESS:
+                self.status.state = "minority" if role == SidecarRole.MINORITY else "down"
+                await self._roles.wait()
+                continue
+            address = peers[index % len(peers)]
+            index += 1
+            try:
+                self.status.state = "connecting"
+                stream = await self._connect(address)
+                self.status.peer = address
+                await self._run(stream, address)
+                backoff = BACKOFF_MIN_S
+            except Exception as exc:  # any failure of one connection: log, back off, retry
+                if self._failed(address, exc):
+                    backoff = BACKOFF_MAX_S
+            self._ended()
+            if index % len(peers) == 0:
+                await trio.sleep(backoff * random.uniform(0.5, 1.5))
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    def _failed(self, address: str, exc: Exception) -> bool:
+        """Record a failed connection; True when D refused it for good."""
+        error = f"link to {address}: {describe_error(exc)}"
+        link_error = link_error_in(exc)
+        refused = link_error is not None and not link_error.retriable
+        if refused:
+            # D refused for a reason only an operator can fix (promoted, new
+            # incarnation): keep saying so while standbys answer "not active".
+            self._refusal = error
+        if refused or not self._refusal:
+            self.status.last_error = error
+        log.warning("egress: %s", error)
+        return refused
+
+    def _ended(self) -> None:
+        self.status.state = "down"
+        self.status.resync.active = False  # an unfinished resync starts again from scratch
+        self.status.reconnects += 1
+        s, self._sender_stats = self._sender_stats, None
+        if s is not None:
+            self.status.ended.update(
+                bytes_sent_total=s.bytes_raw,
+                bytes_sent_wire_total=s.bytes_sent,
+                batches_sent_total=s.batches,
+                events_sent_total=s.events,
+            )
+
+    def _spool_now(self) -> Spool:
+        spool = self._spool()
+        if spool is None:
+            raise DrgateError("the spool is being replaced (the sidecar rejoins its site)")
+        return spool
+
+    async def _run(self, stream: trio.abc.Stream, address: str) -> None:
+        sender = link.LinkSender(
+            link.SenderConfig(
+                origin_cluster=self.config.site,
+                target_cluster=self.config.peer_cluster,
+                incarnation=self.member.state.incarnation,
+                epoch=self.tap.epoch,
+            )
+        )
+        session = _Session(sender, address)
+        floor = self._spool_now().floor
+        async with stream, trio.open_nursery() as nursery:
+            await stream.send_all(sender.start(trio.current_time(), resume_point=floor))
+            nursery.start_soon(self._read, stream, sender, address)
+            while True:
+                self._woken = False
+                if self._role() != SidecarRole.EGRESS:
+                    raise DrgateError("no longer the active egress")
+                await self._handle_events(session)
+                self._queue_events(session)
+                now = trio.current_time()
+                out = sender.data_to_send(now)
+                if out:
+                    await stream.send_all(out)
+                self._sender_stats = sender.statistics()
+                if self.capture is not None:
+                    self.capture.forwarded_sent(sender, self._sender_stats)
+                deadline = sender.tick(trio.current_time())
+                if self._woken or self._has_more(session):
+                    continue
+                with trio.move_on_at(deadline if deadline is not None else now + IDLE_WAIT_S) as w:
+                    self._waiting = w
+                    await trio.sleep_forever()
+                self._waiting = None
+
+    async def _read(self, stream: trio.abc.Stream, sender: link.LinkSender, address: str) -> None:
+        while True:
+            data = await stream.receive_some(READ_BYTES)
+            if not data:
+                raise trio.BrokenResourceError(f"{address} closed the link")
+            sender.receive_data(bytes(data))
+            self.wake()
+
+    def _has_more(self, session: _Session) -> bool:
+        """Spooled events wait and the window has room.  (A resync cut may lie
+        above the spool's last event: the cut is a cseq, and not every command
+        makes an event.)"""
+        if not session.welcomed or session.sender.window_full:
+            return False
+        last = self._spool_now().statistics().last_seq
+        return last is not None and last > session.last_queued
+
+    def _queue_events(self, session: _Session) -> None:
+        if not session.welcomed or session.sender.window_full:
+            return
+        spool = self._spool_now()
+        for seq, time_us, payload in spool.read_after(session.last_queued, REPLAY_BYTES):
+            session.sender.send_event(link.LinkEvent(seq, time_us, payload))
+            if self.capture is not None:
+                self.capture.forwarded(session.sender, seq, payload)
+            session.last_queued = seq
+
+    async def _handle_events(self, session: _Session) -> None:
+        address = session.address
+        while True:
+            ev = session.sender.next_event()
+            if ev is link.NEED_DATA:
+                return
+            if isinstance(ev, link.Welcome):
+                await self._welcomed(session, ev)
+            elif isinstance(ev, link.Acked):
+                self._acked(ev)
+            elif isinstance(ev, link.PongReceived):
+                self.status.rtt = ev.rtt
+            elif isinstance(ev, link.PeerError):
+                raise LinkError(
+                    f"{address} refused the link: {ev.text}", code=ev.code, retriable=ev.retriable
+                )
+            elif isinstance(ev, link.Stalled):
+                raise DrgateError(f"{address} silent for {ev.silent_for:.1f} s")
+            elif isinstance(ev, link.ConnectionClosed):
+                raise DrgateError(f"{address} closed the link")
+
+    async def _welcomed(self, session: _Session, ev: link.Welcome) -> None:
+        session.welcomed = True
+        self.status.state = "up"
+        self._refusal = ""
+        session.last_queued = ev.resume_from
+        # D applied nothing of this incarnation (a new D, or one that accepted
+        # a new incarnation), or less than the spool reaches back to: a
+        # snapshot cut at our cseq.
+        if ev.resume_from == 0 or self._spool_now().needs_resync(ev.resume_from):
+            session.last_queued = await self._send_resync(session, ev.resume_from)
+        log.info("egress: link up to %s, resuming after %d", session.address, session.last_queued)
+
+    def _acked(self, ev: link.Acked) -> None:
+        resync = self.status.resync
+        if resync.active:
+            resync.chunks_done = ev.resync_chunks
+            if ev.seq >= resync.cut:
+                resync.active = False
+                log.info("egress: resync cut at %d applied by D", ev.seq)
+        self.acked_seq = ev.seq
+        self._spool_now().trim(ev.seq)
+        self.unacked.acked(ev.seq)
+        self._announce_watermark()
+
+    async def _send_resync(self, session: _Session, resume: int) -> int:
+        """Queue a resync snapshot cut at the current cseq; returns the cut."""
+        state, rules = self.member.state, self.tap.rules
+        plan = rs.plan_snapshot(state, rules)  # synchronous: the cut
+        log.info(
+            "egress: D (%s) applied up to %d, spool floor %d: resync cut at %d, %d messages",
+            session.address,
+            resume,
+            self._spool_now().floor,
+            plan.cut,
+            plan.messages,
+        )
+        records = await rs.encode_snapshot(
+            plan, rules, origin=self.config.site, epoch=self.tap.epoch, time_us=_now_us()
+        )
+        chunks = rs.chunk_records(records)
+        total = sum(len(c) for c in chunks)
+        resync = self.status.resync
+        resync.begin(chunks=len(chunks), cut=plan.cut)
+        resync.bytes_total += total
+        resync.messages = plan.messages
+        sender = session.sender
+        sender.begin_resync(plan.cut, total_chunks=len(chunks), total_bytes=total)
+        for chunk in chunks:
+            sender.send_chunk(chunk)
+        sender.end_resync()
+        return plan.cut
+
+    def _announce_watermark(self) -> None:
+        now = trio.current_time()
+        if now - self._last_watermark < WATERMARK_INTERVAL_S:
+            return
+        self._last_watermark = now
+        state = self.member.state
+        self.member._post(
+            pc.AckWatermark(self.config.site, state.incarnation, self.acked_seq, _now_us())
+        )
+
+    # ------------------------------------------------------------------
+
+    def link_statistics(self) -> dict[str, Any]:
+        """The ``link`` section of P's statistics."""
+        spool = self._spool()
+        last = spool.statistics().last_seq if spool is not None else None
+        lag_events, lag_seconds = self.unacked.lag(time.time())
+        s, ended = self._sender_stats, self.status.ended
+        return {
+            "state": self.status.state,
+            "peer": self.status.peer,
+            "reconnects_total": self.status.reconnects,
+            "rtt_seconds": self.status.rtt,
+            "acked_seq": self.acked_seq,
+            "last_seq": last or 0,
+            "lag_events": lag_events,
+            "lag_seconds": lag_seconds,
+            "bytes_sent_total": ended["bytes_sent_total"] + (s.bytes_raw if s else 0),
+            "bytes_sent_wire_total": ended["bytes_sent_wire_total"] + (s.bytes_sent if s else 0),
+            "batches_sent_total": ended["batches_sent_total"] + (s.batches if s else 0),
+            "events_sent_total": ended["events_sent_total"] + (s.events if s else 0),
+        }
+
+
+def _now_us() -> int:
+    return int(time.time() * 1e6)

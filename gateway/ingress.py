@@ -1,0 +1,359 @@
+"""The ingress: D's active sidecar applies P's stream to D's bus.
+
+Theory of operation
+-------------------
+D's sidecars listen for the egress.  The active one (:mod:`gateway.roles`)
+answers HELLO with D's ``applied[origin incarnation]``, read from the site
+state, so a new ingress resumes where the old one stopped; a standby refuses
+with a retriable error naming the active ingress, and the egress moves on.
+A HELLO from a primary this site was promoted over (R7) or from an
+incarnation D has not accepted is refused for good.
+
+Per connection, the reading loop feeds the sans-IO
+:class:`protocol.link.LinkReceiver` and hands decoded commands to an applier
+task through a bounded channel.  The applier multicasts them into D's bus
+with ``submit_and_wait`` — several link batches that arrived meanwhile in
+one round trip — and acks a seq only once D's bus has applied it (apply,
+then ack).  After an ack the applier cancels the loop's wait for bytes, so
+the ack goes out at once.  A resync's chunks are buffered (and acked as
+buffered) until RESYNC_END, then applied as one ``ResyncApply``.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from cluster.bus import MemberId
+from cluster.node import SiteMember
+from cluster.state.views import applied
+from gateway import resync as rs
+from gateway.egress import READ_BYTES, describe_error
+from gateway.linkstatus import LinkStatus
+from gateway.roles import SidecarRole
+from protocol import cluster as pc
+from protocol import link
+from protocol.errors import DrgateError, LinkError, RemoteProtocolError
+
+if TYPE_CHECKING:
+    from gateway.sidecar import SidecarConfig
+
+log = logging.getLogger("drgate.sidecar")
+
+# The most replicated commands D's ingress hands its bus in one round trip
+# (several link batches that arrived while the previous round trip ran).
+INGRESS_BATCH_COMMANDS = 2000
+# Link batches decoded and waiting for the applier: the bound that makes a
+# slow D bus backpressure the link (the receiver then stops reading).
+APPLY_QUEUE = 8
+# How long the loop waits for bytes when the link machine has no deadline.
+IDLE_WAIT_S = 1.0
+
+_Work = tuple[int, list[pc.Command]]  # (the last seq it holds, its commands)
+
+
+class Ingress:
+    """D's side of the WAN link: a listener, and one :class:`_Connection` per
+    accepted socket."""
+
+    def __init__(
+        self,
+        config: SidecarConfig,
+        member: SiteMember,
+        *,
+        role: Callable[[], SidecarRole],
+        active: Callable[[], MemberId | None],
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.config = config
+        self.member = member
+        self._role = role
+        self._active = active
+        self._ssl_context = ssl_context
+        self.status = LinkStatus()
+        self.ingested = 0  # replicated commands applied through this ingress
+        self.links_up = 0  # accepted link connections open now
+        self.link_port: int | None = None  # the bound link port
+        self._receivers: dict[int, Any] = {}  # statistics of each open connection
+
+    async def serve(
+        self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Listen on ``host:port``; started with the bound port."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        self.link_port = listeners[0].socket.getsockname()[1]
+        task_status.started(self.link_port)
+        await trio.serve_listeners(self.handle, listeners)
+
+    async def handle(self, stream: trio.abc.Stream) -> None:
+        """Serve one connection; its failure is logged, the listener carries on."""
+        try:
+            if self._ssl_context is not None:
+                stream = trio.SSLStream(stream, self._ssl_context, server_side=True)
+                await stream.do_handshake()
+            await _Connection(self).run(stream)
+        except Exception as exc:  # one connection failed; the listener carries on
+            self.status.last_error = f"ingress: {describe_error(exc)}"
+            log.warning("%s", self.status.last_error)
+        finally:
+            if self.links_up == 0 and self._role() == SidecarRole.INGRESS:
+                self.status.state = "down"  # the last accepted connection ended
+            self.status.resync.active = False  # unapplied chunks go with the connection
+            await trio.aclose_forcefully(stream)
+
+    # ------------------------------------------------------------------
+    # Admission
+    # ------------------------------------------------------------------
+
+    def answer_hello(self, receiver: link.LinkReceiver, hello: link.Hello) -> tuple[bytes, bool]:
+        """The answer to a HELLO, and whether it accepts the link."""
+        role = self._role()
+        site = self.config.site
+        if role != SidecarRole.INGRESS:
+            active = self._active()
+            where = (
+                "not known yet" if active is None else f"node {active.node} (bus member {active})"
+            )
+            text = f"{site} node {self.config.node} is {role}; the active ingress is {where}"
+            return receiver.refuse(int(link.LinkErrorCode.NOT_ACTIVE), text, retriable=True), False
+        if hello.target_cluster != site or hello.origin_cluster != self.config.peer_cluster:
+            text = (
+                f"this is {site}, expecting a stream from {self.config.peer_cluster}; "
+                f"got {hello.origin_cluster} -> {hello.target_cluster}"
+            )
+            code = int(link.LinkErrorCode.WRONG_CLUSTER)
+            return receiver.refuse(code, text, retriable=False), False
+        fenced = self.fence_reason(hello)
+        if fenced is not None:
+            code, text = fenced
+            self.status.last_error = f"ingress: refused {hello.origin_cluster}: {text}"
+            return receiver.refuse(code, text, retriable=False), False
+        resume = applied(self.member.state, hello.origin_cluster, hello.incarnation)
+        self.status.state = "up"
+        self.status.peer = hello.origin_cluster
+        log.info("ingress: link up from %s, resuming after %d", hello.origin_cluster, resume)
+        return receiver.accept(resume, hello.window_bytes, trio.current_time()), True
+
+    def fence_reason(self, hello: link.Hello) -> tuple[int, str] | None:
+        """Why a stream of ``hello``'s epoch and incarnation is refused: a
+        primary this site was promoted over (R7), or an incarnation it has not
+        accepted; None to go on."""
+        origin = self.member.state.origins.get(hello.origin_cluster)
+        if origin is None:
+            return None
+        site, peer = self.config.site, hello.origin_cluster
+        if hello.epoch < origin.epoch or (origin.promoted and hello.epoch == origin.epoch):
+            when = time.strftime(
+                "%Y-%m-%d %H:%M:%S UTC", time.gmtime(origin.promoted_time_us / 1e6)
+            )
+            text = (
+                f"{site} was promoted at {when} (epoch {origin.epoch}); it no longer "
+                f"accepts {peer}'s stream of epoch {hello.epoch}. This primary "
+                f"is stale: stop it, or make it the DR site of {site} "
+                "(docs/operations.md, 'When the primary comes back')"
+            )
+            return int(link.LinkErrorCode.STALE_EPOCH), text
+        if origin.incarnation not in (0, hello.incarnation):
+            text = (
+                f"{peer} is incarnation {hello.incarnation}, but "
+                f"{site} replicates its incarnation {origin.incarnation} "
+                f"(applied up to cseq {origin.applied.get(origin.incarnation, 0)}). "
+                f"{peer} restarted from nothing; {site}'s replicas "
+                "are kept as they are. To replace them by the new incarnation's state, run at "
+                f"{site}: drgate resync --accept-incarnation {hello.incarnation} "
+                f"--origin {peer} --config <sidecar.yaml>"
+            )
+            return rs.NEW_INCARNATION_CODE, text
+        return None
+
+    def check_resync_applied(self, cmd: pc.ResyncApply) -> None:
+        """After D's bus applied a ResyncApply: did it take (else do not ack)?"""
+        self.status.resync.active = False
+        state = self.member.state
+        done = applied(state, cmd.origin_cluster, cmd.incarnation)
+        if done < cmd.cut:
+            origin = state.origins.get(cmd.origin_cluster)
+            raise DrgateError(
+                f"the resync from {cmd.origin_cluster} cut at {cmd.cut} was not applied by "
+                f"{self.config.site} (applied {done}; epoch "
+                f"{None if origin is None else origin.epoch}, incarnation "
+                f"{None if origin is None else origin.incarnation})"
+            )
+        log.info("ingress: resync from %s cut at %d applied", cmd.origin_cluster, cmd.cut)
+
+    # ------------------------------------------------------------------
+
+    def link_statistics(self) -> dict[str, Any]:
+        """The ``link`` section of D's statistics."""
+        open_links = list(self._receivers.values())
+        ended = self.status.ended
+        stats: dict[str, Any] = {
+            "state": self.status.state,
+            "peer": self.status.peer,
+            "reconnects_total": self.status.reconnects,
+            "rtt_seconds": self.status.rtt,
+            "events_received_total": self.ingested,
+            "bytes_received_wire_total": ended["bytes_received_wire_total"]
+            + sum(r.bytes_received for r in open_links),
+            "batches_received_total": ended["batches_received_total"]
+            + sum(r.batches for r in open_links),
+        }
+        if open_links:
+            stats["acked_seq"] = max(r.acked_seq for r in open_links)
+        return stats
+
+
+class _Connection:
+    """One accepted link connection: the reading loop and its applier."""
+
+    def __init__(self, ingress: Ingress) -> None:
+        self.ingress = ingress
+        self.receiver = link.LinkReceiver(
+            link.ReceiverConfig(cluster_id=ingress.config.site), now=trio.current_time()
+        )
+        self.to_apply_send, self.to_apply = trio.open_memory_channel[_Work](APPLY_QUEUE)
+        # The wait for the egress's next bytes; the applier cancels it after
+        # an ack, so the ack goes out at once.
+        self.reading: trio.CancelScope | None = None
+        self.collector: rs.ResyncCollector | None = None
+        self.accepted = False  # this connection's HELLO was accepted
+
+    async def run(self, stream: trio.abc.Stream) -> None:
+        ingress, receiver = self.ingress, self.receiver
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._applier)
+                while True:
+                    now = trio.current_time()
+                    out = receiver.data_to_send(now)
+                    if out:
+                        await stream.send_all(out)
+                    ingress._receivers[id(self)] = receiver.statistics()
+                    await self._receive(stream, receiver.tick(now), now)
+                    await self._check_fenced(stream)
+                    await self._handle_events(stream)
+        finally:
+            if self.accepted:
+                ingress.links_up -= 1
+            ended = ingress._receivers.pop(id(self), None)
+            if ended is not None:
+                ingress.status.ended.update(
+                    bytes_received_wire_total=ended.bytes_received,
+                    batches_received_total=ended.batches,
+                )
+
+    async def _receive(self, stream: trio.abc.Stream, deadline: float | None, now: float) -> None:
+        """Until bytes come, an ack is made or the link's next deadline.
+        (A cancelled receive_some consumed nothing.)"""
+        data = None
+        with trio.move_on_at(deadline if deadline is not None else now + IDLE_WAIT_S) as scope:
+            self.reading = scope
+            data = bytes(await stream.receive_some(READ_BYTES))
+        self.reading = None
+        if data == b"":
+            raise trio.BrokenResourceError("the egress closed the link")
+        if data:
+            self.receiver.receive_data(data)
+
+    async def _check_fenced(self, stream: trio.abc.Stream) -> None:
+        """Promoted (or an incarnation switch) while the link is up: close it
+        with the same error a new HELLO would get."""
+        hello = self.receiver.hello
+        if not self.accepted or hello is None:
+            return
+        fenced = self.ingress.fence_reason(hello)
+        if fenced is not None:
+            code, text = fenced
+            await stream.send_all(self.receiver.send_error(code, text, retriable=False))
+            raise LinkError(text, code=code, retriable=False)
+
+    async def _handle_events(self, stream: trio.abc.Stream) -> None:
+        receiver, ingress = self.receiver, self.ingress
+        while True:
+            ev = receiver.next_event()
+            if ev is link.NEED_DATA:
+                return
+            if isinstance(ev, link.Hello):
+                answer, self.accepted = ingress.answer_hello(receiver, ev)
+                ingress.links_up += self.accepted
+                await stream.send_all(answer)
+            elif isinstance(ev, link.ResyncBegin):
+                self._resync_begin(ev)
+            elif isinstance(ev, link.ResyncChunk):
+                assert self.collector is not None
+                self.collector.add(ev.data)
+                ingress.status.resync.bytes_total += len(ev.data)
+                ingress.status.resync.chunks_done += 1
+                receiver.ack_chunk()  # buffered; nothing applied before END
+            elif isinstance(ev, link.ResyncEnd):
+                assert self.collector is not None
+                command, self.collector = self.collector.command(), None
+                await self.to_apply_send.send((ev.cut_seq, [command]))
+            elif isinstance(ev, link.EventsReceived):
+                await self._events_received(ev)
+            elif isinstance(ev, link.PeerError):
+                raise DrgateError(f"the egress sent an error: {ev.text}")
+            elif isinstance(ev, link.Stalled):
+                raise DrgateError(f"the egress was silent for {ev.silent_for:.1f} s")
+            elif isinstance(ev, link.ConnectionClosed):
+                raise trio.BrokenResourceError("the egress closed the link")
+
+    def _resync_begin(self, ev: link.ResyncBegin) -> None:
+        hello = self.receiver.hello
+        assert hello is not None
+        self.collector = rs.ResyncCollector(
+            hello.origin_cluster, hello.incarnation, ev.epoch, ev.cut_seq, ev.total_bytes
+        )
+        self.ingress.status.resync.begin(chunks=ev.total_chunks)
+        log.info(
+            "ingress: resync from %s cut at %d: %d chunks, %d bytes",
+            hello.origin_cluster,
+            ev.cut_seq,
+            ev.total_chunks,
+            ev.total_bytes,
+        )
+
+    async def _events_received(self, ev: link.EventsReceived) -> None:
+        commands: list[pc.Command] = []
+        for event in ev.events:
+            try:
+                commands.extend(pc.decode_frame_untrusted(event.payload))
+            except RemoteProtocolError as exc:
+                raise DrgateError(f"bad event {event.seq}: {exc}") from exc
+        if commands:
+            await self.to_apply_send.send((ev.events[-1].seq, commands))
+
+    async def _applier(self) -> None:
+        """Apply, then ack: each seq is acked once D's bus applied it."""
+        async for first in self.to_apply:
+            for seq, commands in self._gather(first):
+                await self.ingress.member.submit_and_wait(*commands)
+                if isinstance(commands[0], pc.ResyncApply):
+                    self.ingress.check_resync_applied(commands[0])
+                else:
+                    self.ingress.ingested += len(commands)
+                self.receiver.ack(seq)
+            if self.reading is not None:
+                self.reading.cancel()
+
+    def _gather(self, first: _Work) -> list[_Work]:
+        """``first`` and what else has arrived, to go through D's bus in one
+        round trip (one wait, one ack); a resync snapshot goes alone."""
+        last_seq, commands = first[0], list(first[1])
+        if isinstance(commands[0], pc.ResyncApply):
+            return [(last_seq, commands)]
+        while len(commands) < INGRESS_BATCH_COMMANDS:
+            try:
+                seq, more = self.to_apply.receive_nowait()
+            except trio.WouldBlock:
+                break
+            if isinstance(more[0], pc.ResyncApply):
+                return [(last_seq, commands), (seq, more)]
+            commands.extend(more)
+            last_seq = seq
+        return [(last_seq, commands)]

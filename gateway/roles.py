@@ -1,0 +1,82 @@
+"""A sidecar's role, computed from the site stream (docs/architecture.md, section 8).
+
+Theory of operation
+-------------------
+No election messages exist: every sidecar of a site sees the same stream, so
+each computes the same answer to "which sidecar is active" — the lowest
+ready sidecar of the current view (:func:`active_sidecar`).  A sidecar's own
+role (:func:`role_of`) follows from that, from whether the view is quorate
+and from the site it sits at (P: egress or standby; D: ingress or
+ingress-standby).  Roles change only at view changes and ``MemberReady``
+commands; :class:`RoleSignal` lets tasks wait for the next such point.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import trio
+
+from cluster.bus import MemberId
+from cluster.membership import Membership
+from cluster.state.model import SiteState
+from protocol.modes import Role
+
+
+class SidecarRole(StrEnum):
+    """What a sidecar does now.  The values are the names metrics, ``/status``,
+    logs and captures show."""
+
+    STARTING = "starting"  # not yet holding the site state
+    MINORITY = "minority"  # in a non-quorate view: neither forwards nor ingests
+    EGRESS = "egress"  # P: the active sidecar, streams the spool to D
+    STANDBY = "standby"  # P: taps and spools, ready to take over
+    INGRESS = "ingress"  # D: the active sidecar, applies P's stream
+    INGRESS_STANDBY = "ingress-standby"  # D: refuses links, names the active one
+
+
+def active_sidecar(state: SiteState, membership: Membership | None) -> MemberId | None:
+    """The active sidecar of the site: the lowest ready sidecar in the view."""
+    if membership is None:
+        return None
+    sidecars = [
+        MemberId(node, pid)
+        for (node, pid), role in state.ready.items()
+        if role == Role.SIDECAR and MemberId(node, pid) in membership.members
+    ]
+    return min(sidecars, default=None)
+
+
+def role_of(
+    me: MemberId | None,
+    state: SiteState,
+    membership: Membership | None,
+    *,
+    ready: bool,
+    primary: bool,
+) -> SidecarRole:
+    """The role of sidecar ``me``; ``ready`` once it holds the site state."""
+    if membership is None or not ready or not membership.is_ready:
+        return SidecarRole.STARTING
+    if not membership.quorate:
+        return SidecarRole.MINORITY
+    active = me is not None and active_sidecar(state, membership) == me
+    if primary:
+        return SidecarRole.EGRESS if active else SidecarRole.STANDBY
+    return SidecarRole.INGRESS if active else SidecarRole.INGRESS_STANDBY
+
+
+class RoleSignal:
+    """Wakes the tasks waiting for the roles to be computed again."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def changed(self) -> None:
+        """The view or the ready set changed: every waiter wakes."""
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait(self) -> None:
+        """Until the next :meth:`changed`."""
+        await self._event.wait()
