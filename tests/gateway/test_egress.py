@@ -1,0 +1,186 @@
+"""gateway/egress: resume, window, reconnect, resync and refusals, on in-memory
+streams with a virtual clock; the test plays D with a sans-IO LinkReceiver."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+import trio.testing
+
+from gateway.egress import Egress
+from gateway.roles import RoleSignal, SidecarRole
+from gateway.spool import Spool
+from gateway.tap import Tap
+from protocol import cluster as pc
+from protocol import link
+from tests.gateway.linkpeer import LinkEnd, MemberStandIn, sidecar_config
+
+PAYLOAD = b"x" * 100
+
+
+class Site:
+    """P's pieces around one Egress; ``links`` hands out D's end of every
+    connection the egress opens, with the address it dialled."""
+
+    def __init__(self, tmp_path: Path, *, events: int) -> None:
+        self.config = sidecar_config(tmp_path, primary=True, site="site-p", peer="site-d")
+        self.member = MemberStandIn("site-p")
+        self.spool = Spool.open(
+            self.config.spool_dir, max_bytes=1 << 20, segment_bytes=1 << 16, fsync="never"
+        )
+        self.spool.append_many((seq, seq * 1_000, PAYLOAD) for seq in range(1, events + 1))
+        self.role = SidecarRole.EGRESS
+        self.roles = RoleSignal()
+        self._send, self.links = trio.open_memory_channel[tuple[str, trio.abc.Stream]](10)
+        self.egress = Egress(
+            self.config,
+            self.member,  # type: ignore[arg-type]
+            Tap(self.config.rules, origin_cluster="site-p"),
+            spool=lambda: self.spool,
+            role=lambda: self.role,
+            roles=self.roles,
+            connect=self.connect,
+        )
+
+    async def connect(self, address: str) -> trio.abc.Stream:
+        ours, theirs = trio.testing.memory_stream_pair()
+        await self._send.send((address, theirs))
+        return ours
+
+    async def next_link(self) -> tuple[str, LinkEnd]:
+        address, stream = await self.links.receive()
+        receiver = link.LinkReceiver(link.ReceiverConfig(cluster_id="site-d"), now=0.0)
+        return address, LinkEnd(receiver, stream)
+
+
+@asynccontextmanager
+async def running(site: Site) -> AsyncIterator[None]:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(site.egress.serve)
+        yield
+        nursery.cancel_scope.cancel()
+
+
+async def accept(d: LinkEnd, resume_from: int, *, window: int | None = None) -> link.Hello:
+    hello = await d.next_of(link.Hello)
+    answer = d.machine.accept(resume_from, window or hello.window_bytes, trio.current_time())
+    await d.stream.send_all(answer)
+    return hello
+
+
+async def receive_through(d: LinkEnd, last: int) -> list[int]:
+    """The seqs D receives until ``last`` (acking none)."""
+    seqs: list[int] = []
+    while not seqs or seqs[-1] < last:
+        got = await d.next_of(link.EventsReceived)
+        seqs.extend(e.seq for e in got.events)
+    return seqs
+
+
+async def test_streams_the_spool_after_ds_resume_point(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    site = Site(tmp_path, events=10)
+    async with running(site):
+        address, d = await site.next_link()
+        assert address == "d1:1"
+        hello = await accept(d, 4)
+        assert (hello.origin_cluster, hello.target_cluster) == ("site-p", "site-d")
+        assert await receive_through(d, 10) == list(range(5, 11))
+        d.machine.ack(10)
+        await d.pump_for(2)
+        assert site.egress.acked_seq == 10
+        assert site.egress.status.state == "up"
+    assert site.spool.floor == 10  # D's ack trimmed the spool
+    marks = [c for c in site.member.posted if isinstance(c, pc.AckWatermark)]
+    assert [m.cseq for m in marks] == [10]  # the standbys are told
+
+
+async def test_a_full_window_waits_for_acks(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    site = Site(tmp_path, events=50)
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 0 + 1, window=1_000)  # about eight events of 100 bytes
+        first = await receive_through(d, 2)
+        with trio.move_on_after(10):  # no ack: the egress must stop
+            first += await receive_through(d, 50)
+        assert 2 <= len(first) < 50
+        received = list(first)
+        while received[-1] < 50:
+            d.machine.ack(received[-1])
+            received += await receive_through(d, min(50, received[-1] + 1))
+        assert received == list(range(2, 51))
+
+
+async def test_reconnects_and_resumes_where_d_stopped(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    site = Site(tmp_path, events=6)
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 0 + 1)
+        assert await receive_through(d, 6) == [2, 3, 4, 5, 6]
+        d.machine.ack(3)
+        await d.pump_for(2)
+        await d.stream.aclose()  # the WAN cut after D applied up to 3
+        address, d = await site.next_link()
+        assert address == "d2:1"  # the next of D's sidecars
+        await accept(d, 3)
+        assert await receive_through(d, 6) == [4, 5, 6]
+        assert site.egress.status.reconnects == 1
+
+
+async def test_a_d_that_applied_nothing_gets_a_snapshot_first(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    site = Site(tmp_path, events=0)
+    site.member.apply(pc.QueueDeclare("q-full"))
+    cut = site.member.state.cseq
+    site.spool.append_many([(cut + 1, 1, PAYLOAD)])
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 0)
+        begin = await d.next_of(link.ResyncBegin)
+        assert begin.cut_seq == cut
+        await d.next_of(link.ResyncEnd)
+        assert site.egress.status.resync.active
+        assert await receive_through(d, cut + 1) == [cut + 1]  # then the stream after the cut
+
+
+async def test_a_refusal_for_good_outlives_standbys_answers(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    site = Site(tmp_path, events=1)
+    async with running(site):
+        _, d = await site.next_link()
+        await d.next_of(link.Hello)
+        await d.stream.send_all(
+            d.machine.refuse(int(link.LinkErrorCode.STALE_EPOCH), "promoted", retriable=False)
+        )
+        _, d = await site.next_link()
+        await d.next_of(link.Hello)
+        await d.stream.send_all(
+            d.machine.refuse(int(link.LinkErrorCode.NOT_ACTIVE), "standby", retriable=True)
+        )
+        await site.next_link()  # the egress tried again: the refusals were handled
+        assert "promoted" in site.egress.status.last_error
+
+
+async def test_only_the_egress_connects(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    site = Site(tmp_path, events=1)
+    site.role = SidecarRole.STANDBY
+    async with running(site):
+        with trio.move_on_after(30):
+            await site.next_link()
+            raise AssertionError("a standby connected to D")
+        assert site.egress.status.state == "down"
+        site.role = SidecarRole.EGRESS
+        site.roles.changed()
+        await site.next_link()

@@ -1,0 +1,169 @@
+"""gateway/ingress: admission, apply-then-ack and resync, on in-memory streams
+with a virtual clock (no sockets, no bus)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+import trio.testing
+
+from gateway import resync as rs
+from gateway.ingress import Ingress
+from gateway.roles import SidecarRole
+from protocol import cluster as pc
+from protocol import link
+from tests.gateway.linkpeer import LinkEnd, MemberStandIn, replicated, sidecar_config
+
+INCARNATION = 5
+
+
+def make_ingress(
+    tmp_path: Path, member: MemberStandIn, role: SidecarRole = SidecarRole.INGRESS
+) -> Ingress:
+    config = sidecar_config(tmp_path, primary=False, site="site-d", peer="site-p")
+    return Ingress(config, member, role=lambda: role, active=lambda: None)  # type: ignore[arg-type]
+
+
+def egress_end(stream: trio.abc.Stream, *, epoch: int = 1) -> LinkEnd:
+    sender = link.LinkSender(
+        link.SenderConfig(
+            origin_cluster="site-p", target_cluster="site-d", incarnation=INCARNATION, epoch=epoch
+        )
+    )
+    return LinkEnd(sender, stream)
+
+
+async def hello(end: LinkEnd) -> link.Welcome:
+    await end.stream.send_all(end.machine.start(trio.current_time(), resume_point=0))
+    return await end.next_of(link.Welcome)
+
+
+async def test_welcome_resumes_after_what_d_applied(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    member = MemberStandIn("site-d")
+    member.apply(pc.Replicated("site-p", INCARNATION, 41, 1, 0, (), ()))
+    ingress = make_ingress(tmp_path, member)
+    ours, theirs = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ingress.handle, theirs)
+        welcome = await hello(egress_end(ours))
+        assert welcome.resume_from == 41
+        assert ingress.status.state == "up"
+        nursery.cancel_scope.cancel()
+
+
+async def test_acks_only_what_d_applied(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    member = MemberStandIn("site-d")
+    member.gate = trio.Event()
+    ingress = make_ingress(tmp_path, member)
+    ours, theirs = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ingress.handle, theirs)
+        end = egress_end(ours)
+        await hello(end)
+        end.machine.send_event(link.LinkEvent(1, 1_000, replicated(1)))
+        end.machine.send_event(link.LinkEvent(2, 2_000, replicated(2)))
+        # D's bus holds the batch: no ack may come, however long we wait.
+        with trio.move_on_after(10):
+            await end.next_of(link.Acked)
+        assert not any(isinstance(e, link.Acked) for e in end.events)
+        assert "site-p" not in member.state.origins
+        member.gate.set()
+        acked = await end.next_of(link.Acked)
+        assert acked.seq == 2
+        assert member.state.origins["site-p"].applied[INCARNATION] == 2
+        assert ingress.ingested == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_standby_refuses_and_names_itself(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    ingress = make_ingress(tmp_path, MemberStandIn("site-d"), SidecarRole.INGRESS_STANDBY)
+    ours, theirs = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ingress.handle, theirs)
+        end = egress_end(ours)
+        await end.stream.send_all(end.machine.start(trio.current_time()))
+        error = await end.next_of(link.PeerError)
+        assert error.retriable
+        assert error.code == link.LinkErrorCode.NOT_ACTIVE
+        assert "ingress-standby" in error.text
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_promoted_site_fences_its_old_primary(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    member = MemberStandIn("site-d")
+    member.apply(pc.Replicated("site-p", INCARNATION, 3, 1, 0, (), ()))
+    member.apply(pc.Promote("site-p", 2, 1_700_000_000_000_000))
+    ingress = make_ingress(tmp_path, member)
+    for epoch in (1, 2):  # below the promotion's epoch, and the promotion's own
+        ours, theirs = trio.testing.memory_stream_pair()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ingress.handle, theirs)
+            end = egress_end(ours, epoch=epoch)
+            await end.stream.send_all(end.machine.start(trio.current_time()))
+            error = await end.next_of(link.PeerError)
+            assert error.code == link.LinkErrorCode.STALE_EPOCH
+            assert not error.retriable
+            assert "was promoted" in error.text
+            nursery.cancel_scope.cancel()
+    assert "site-p" in ingress.status.last_error
+
+
+async def test_a_promotion_closes_an_open_link(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    member = MemberStandIn("site-d")
+    ingress = make_ingress(tmp_path, member)
+    ours, theirs = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ingress.handle, theirs)
+        end = egress_end(ours)
+        await hello(end)
+        end.machine.send_event(link.LinkEvent(1, 1_000, replicated(1)))
+        assert (await end.next_of(link.Acked)).seq == 1
+        member.apply(pc.Promote("site-p", 2, 1_700_000_000_000_000))
+        end.machine.send_event(link.LinkEvent(2, 2_000, replicated(2)))
+        error = await end.next_of(link.PeerError)
+        assert error.code == link.LinkErrorCode.STALE_EPOCH
+    assert member.state.origins["site-p"].applied[INCARNATION] == 1
+
+
+async def test_resync_is_applied_at_its_cut_then_acked(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    p = MemberStandIn("site-p")
+    p.apply(pc.QueueDeclare("q-full"), pc.QueueDeclare("q-local"))
+    rules = sidecar_config(tmp_path, primary=True, site="site-p", peer="site-d").rules
+    plan = rs.plan_snapshot(p.state, rules)
+    records = await rs.encode_snapshot(plan, rules, origin="site-p", epoch=1, time_us=5)
+    chunks = rs.chunk_records(records)
+    member = MemberStandIn("site-d")
+    ingress = make_ingress(tmp_path, member)
+    ours, theirs = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ingress.handle, theirs)
+        end = egress_end(ours)
+        await hello(end)
+        total = sum(map(len, chunks))
+        end.machine.begin_resync(plan.cut, total_chunks=len(chunks), total_bytes=total)
+        for chunk in chunks:
+            end.machine.send_chunk(chunk)
+        end.machine.end_resync()
+        acked = await end.next_of(link.Acked)
+        while acked.seq < plan.cut:
+            acked = await end.next_of(link.Acked)
+        assert acked.seq == plan.cut
+        assert isinstance(member.applied[-1], pc.ResyncApply)
+        assert member.state.origins["site-p"].applied[INCARNATION] == plan.cut
+        assert set(member.state.queues) == {"q-full"}  # q-local is not replicated
+        assert ingress.status.resync.total == 1
+        assert not ingress.status.resync.active
+        nursery.cancel_scope.cancel()
