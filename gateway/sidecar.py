@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A sidecar is a passive member of its site's bus (:class:`cluster.node.SiteMember`):
+A sidecar is a passive member of its site's bus (:class:`cluster.member.SiteMember`):
 it holds the site state, joins by state transfer like a broker, and
 multicasts nothing on the data path.
 
@@ -40,7 +40,10 @@ from typing import Any
 import trio
 
 from cluster.bus import BusConfig, MemberId, ViewChange
-from cluster.node import SiteMember
+from cluster.member import NullObserver, SiteMember
+from cluster.membership import Membership
+from cluster.state import fenced
+from cluster.state.model import SiteState
 from cluster.state.views import applied
 from filters.matcher import RuleSet
 from gateway import resync as rs
@@ -118,12 +121,10 @@ def _split(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class Sidecar(SiteMember):
-    role = Role.SIDECAR
-
+class Sidecar(NullObserver):
     def __init__(self, config: SidecarConfig) -> None:
-        super().__init__(config.site, config.bus)
         self.config = config
+        self.member = SiteMember(config.site, config.bus, role=Role.SIDECAR, observer=self)
         self.tap = Tap(config.rules, origin_cluster=config.site)
         self.rules_watch = RulesWatcher(config.rules.path)
         self.spool: Spool | None = None
@@ -170,6 +171,23 @@ class Sidecar(SiteMember):
                 rules=lambda: self.tap.rules,
             )
 
+    # The bus member's, read through it: a (re)join replaces the state.
+    @property
+    def state(self) -> SiteState:
+        return self.member.state
+
+    @property
+    def membership(self) -> Membership | None:
+        return self.member.membership
+
+    @property
+    def me(self) -> MemberId | None:
+        return self.member.me
+
+    @property
+    def ready(self) -> trio.Event:
+        return self.member.ready
+
     # ------------------------------------------------------------------
     # Roles
     # ------------------------------------------------------------------
@@ -207,7 +225,7 @@ class Sidecar(SiteMember):
     # The stream (called by the applier, in order; never waits)
     # ------------------------------------------------------------------
 
-    def _after_command(
+    def after_command(
         self, cmd: pc.Command, effects: Sequence[Any], sender: MemberId, own: bool
     ) -> None:
         if isinstance(cmd, pc.MemberReady):
@@ -227,7 +245,7 @@ class Sidecar(SiteMember):
         if event is not None:
             self._events.append(event)
 
-    def _after_frame(self) -> None:
+    def after_frame(self) -> None:
         if not self._events:
             return
         if self.spool is not None:
@@ -239,7 +257,7 @@ class Sidecar(SiteMember):
             self._spooled = trio.Event()
         self._events.clear()
 
-    def _on_rejoin(self) -> None:
+    def on_rejoin(self) -> None:
         # The spool holds events numbered by the minority's stream: they mean
         # nothing to the site any more.  It reopens empty after the snapshot.
         if self.spool is not None:
@@ -264,7 +282,7 @@ class Sidecar(SiteMember):
             start_after=self.state.cseq,
         )
 
-    def _after_restore(self) -> None:
+    def after_restore(self) -> None:
         if self.spool is not None or not self.ready.is_set():
             return  # the first join: serve() opens the spool
         self.tap.resync_rules(self.state)
@@ -272,7 +290,7 @@ class Sidecar(SiteMember):
         self._clean_floor = 0
         self._roles_may_have_changed()
 
-    def _view_seen(self, view: ViewChange) -> None:
+    def view_seen(self, view: ViewChange) -> None:
         if not view.quorate:
             log.warning("%s", self.minority_text(view))
         elif self.membership is not None and self._was_minority:
@@ -299,7 +317,7 @@ class Sidecar(SiteMember):
         async with trio.open_nursery() as nursery:
             if self.capture is not None:
                 await nursery.start(self.capture.serve)
-            await nursery.start(self.serve_member)
+            await nursery.start(self.member.serve)
             # Events tapped before the spool opens were part of the snapshot
             # or of the genesis; the spool starts above the current cseq.
             self.tap.resync_rules(self.state)
@@ -307,7 +325,7 @@ class Sidecar(SiteMember):
             # A cut that holds nothing to replicate: a D that has applied
             # nothing loses nothing by starting at the spool's floor.
             self._clean_floor = self.spool.floor if not self._replicated_state() else 0
-            self._after_frame()
+            self.after_frame()
             if self.config.primary:
                 nursery.start_soon(self._serve_egress)
                 nursery.start_soon(self._watch_rules)
@@ -336,7 +354,7 @@ class Sidecar(SiteMember):
                 continue  # not from a minority, nor before the state is here
             payload = watcher.poll(self.tap.rules)
             if payload is not None:
-                await self.submit(pc.RulesSwitch(payload.to_bytes()))
+                await self.member.submit(pc.RulesSwitch(payload.to_bytes()))
 
     def _client_ssl(self) -> ssl.SSLContext | None:
         if self.config.tls_cert is None:
@@ -568,7 +586,7 @@ class Sidecar(SiteMember):
         if now - self._last_watermark < WATERMARK_INTERVAL_S:
             return
         self._last_watermark = now
-        self._post(
+        self.member.post(
             pc.AckWatermark(
                 self.config.site, self.state.incarnation, self.acked_seq, int(time.time() * 1e6)
             )
@@ -628,7 +646,7 @@ class Sidecar(SiteMember):
                         commands.extend(more)
                         last_seq = seq
                 for seq, batch in [(last_seq, commands), *([later] if later else [])]:
-                    await self.submit_and_wait(*batch)
+                    await self.member.submit_and_wait(*batch)
                     if isinstance(batch[0], pc.ResyncApply):
                         self._check_resync_applied(batch[0])
                     else:
@@ -795,7 +813,7 @@ class Sidecar(SiteMember):
         origin = self.state.origins.get(hello.origin_cluster)
         if origin is None:
             return None
-        if hello.epoch < origin.epoch or (origin.promoted and hello.epoch == origin.epoch):
+        if fenced(origin, hello.epoch):
             when = time.strftime(
                 "%Y-%m-%d %H:%M:%S UTC", time.gmtime(origin.promoted_time_us / 1e6)
             )
