@@ -202,9 +202,12 @@ class SiteMember:
         await barrier.event.wait()
 
     def post(self, cmd: pc.Command) -> None:
-        """Queue a command for multicast without waiting, after what was
-        posted before (for the applier's hooks, which must not wait; what
-        bounds the queue is the module docstring's)."""
+        """Queue a command for multicast without ever waiting (for the
+        applier's hooks, and anyone who must not wait): into the channel when
+        it has room and nothing is spilled, else into the spill, which the
+        multicaster empties before the channel, so a spilled command may
+        overtake commands waiting in the channel.  What bounds the spill:
+        the module docstring."""
         if self._spill:
             self._spill.append(cmd)
             return
