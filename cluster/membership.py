@@ -32,8 +32,14 @@ Rules, applied identically by every member from the same stream:
   change that removed it and sends a new snapshot; the joiner takes the first
   complete one.
 
+* **Transfer.** The donor's snapshot travels in ``StateChunk`` commands
+  addressed to the joiner; a transfer is named by its donor *and* the donor's
+  transfer number (the numbers are each donor's own count), and a chunk of
+  index 0 starts a transfer over (a new donor took over).
+
 This module is pure: :class:`Membership` takes view changes and ``MemberReady``
-commands and answers what to do; the node does it.
+commands and answers what to do, :class:`SnapshotAssembly` puts a transfer's
+chunks together; the bus member (:mod:`cluster.member`) does the rest.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cluster.bus.contract import MemberId, ViewChange
+from protocol.cluster import StateChunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,3 +196,38 @@ class Membership:
             self.served.add(m)
             actions.append(SendSnapshot(m, cut))
         return actions
+
+
+@dataclass(slots=True)
+class SnapshotAssembly:
+    """The chunks of the state transfer a joining member ``me`` is taking."""
+
+    me: MemberId
+    # (donor, the donor's transfer number) of the transfer being collected.
+    key: tuple[MemberId, int] | None = None
+    chunks: list[bytes] = field(default_factory=list)
+
+    def on_chunk(self, sender: MemberId, chunk: StateChunk) -> bytes | None:
+        """Take one ``StateChunk`` multicast by ``sender``; the whole snapshot
+        once the final chunk of the transfer being collected arrived, else
+        None.  Chunks addressed to another member, and chunks of another
+        transfer than the one an index-0 chunk started, are ignored."""
+        if (chunk.target_node, chunk.target_pid) != (self.me.node, self.me.pid):
+            return None
+        key = (sender, chunk.transfer)
+        if chunk.index == 0:
+            self.key = key
+            self.chunks = []
+        if self.key != key:
+            return None
+        self.chunks.append(bytes(chunk.data))
+        if not chunk.final:
+            return None
+        blob = b"".join(self.chunks)
+        self.reset()
+        return blob
+
+    def reset(self) -> None:
+        """Forget the transfer being collected (a rejoin waits for a new one)."""
+        self.key = None
+        self.chunks = []

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from cluster.node import SiteMember
+from cluster.member import SiteMember
 from gateway import resync as rs
 from gateway.capture import CaptureSink
 from gateway.linkstatus import LinkStatus
@@ -369,7 +369,7 @@ class Egress:
             return
         self._last_watermark = now
         state = self.member.state
-        self.member._post(
+        self.member.post(
             pc.AckWatermark(self.config.site, state.incarnation, self.acked_seq, _now_us())
         )
 

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from cluster.bus import MemberId
-from cluster.node import SiteMember
+from cluster.member import SiteMember
+from cluster.state import fenced
 from cluster.state.views import applied
 from gateway import resync as rs
 from gateway.egress import READ_BYTES, describe_error
@@ -147,7 +148,7 @@ class Ingress:
         if origin is None:
             return None
         site, peer = self.config.site, hello.origin_cluster
-        if hello.epoch < origin.epoch or (origin.promoted and hello.epoch == origin.epoch):
+        if fenced(origin, hello.epoch):
             when = time.strftime(
                 "%Y-%m-%d %H:%M:%S UTC", time.gmtime(origin.promoted_time_us / 1e6)
             )

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import trio
 
 from cluster.bus import BusConfig
-from cluster.node import SiteMember
+from cluster.member import NullObserver, SiteMember
 from cluster.state.effects import Message
 from cluster.state.model import Origin, SiteState
 from filters.matcher import Drop, RuleSet
@@ -250,12 +250,22 @@ class ResyncCollector:
 # --------------------------------------------------------------------------
 
 
-class AdminMember(SiteMember):
+class AdminMember(NullObserver):
     """A tool that joins the bus (role ADMIN) by state transfer like a broker,
     so it reads the site state, submits commands and waits until they are
-    applied, then leaves."""
+    applied, then leaves.  It needs none of the member's hooks."""
 
-    role = Role.ADMIN
+    def __init__(self, cluster: str, bus: BusConfig) -> None:
+        self.member = SiteMember(cluster, bus, role=Role.ADMIN, observer=self)
+
+    @property
+    def state(self) -> SiteState:
+        """The site state (replaced on a rejoin: read it through here)."""
+        return self.member.state
+
+    async def submit_and_wait(self, *commands: pc.Command) -> None:
+        """See :meth:`SiteMember.submit_and_wait`."""
+        await self.member.submit_and_wait(*commands)
 
 
 @contextlib.asynccontextmanager
@@ -266,7 +276,7 @@ async def open_admin_member(
     member = AdminMember(cluster, bus)
     async with trio.open_nursery() as nursery:
         with trio.move_on_after(join_within_s) as scope:
-            await nursery.start(member.serve_member)
+            await nursery.start(member.member.serve)
         if scope.cancelled_caught:
             nursery.cancel_scope.cancel()
             raise DrgateError(

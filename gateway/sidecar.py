@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A sidecar is a passive member of its site's bus (:class:`cluster.node.SiteMember`):
+A sidecar is a passive member of its site's bus (:class:`cluster.member.SiteMember`):
 it holds the site state, joins by state transfer like a broker, and
 multicasts nothing on the data path.  This module only composes the parts:
 
@@ -30,7 +30,8 @@ from typing import Any
 import trio
 
 from cluster.bus import BusConfig, MemberId, ViewChange
-from cluster.node import SiteMember
+from cluster.member import NullObserver, SiteMember
+from cluster.state.model import SiteState
 from filters.matcher import RuleSet
 from gateway import resync as rs
 from gateway.capture import CaptureConfig, CaptureSink, capture_role
@@ -72,39 +73,13 @@ def _split(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class _Member(SiteMember):
-    """The bus-member core with the sidecar as its observer."""
-
-    def __init__(self, cluster: str, bus: BusConfig, *, role: Role, observer: Sidecar) -> None:
-        super().__init__(cluster, bus)
-        self.role = role
-        self._observer = observer
-
-    def _after_command(
-        self, cmd: pc.Command, effects: Sequence[Any], sender: MemberId, own: bool
-    ) -> None:
-        self._observer.after_command(cmd, effects, sender, own)
-
-    def _after_frame(self) -> None:
-        self._observer.after_frame()
-
-    def _view_seen(self, view: ViewChange) -> None:
-        self._observer.view_seen(view)
-
-    def _on_rejoin(self) -> None:
-        self._observer.on_rejoin()
-
-    def _after_restore(self) -> None:
-        self._observer.after_restore()
-
-
-class Sidecar:
+class Sidecar(NullObserver):
     """One sidecar.  ``await nursery.start(sidecar.serve)`` returns once it
     holds the site state and its link side runs."""
 
     def __init__(self, config: SidecarConfig) -> None:
         self.config = config
-        self.member = _Member(config.site, config.bus, role=Role.SIDECAR, observer=self)
+        self.member = SiteMember(config.site, config.bus, role=Role.SIDECAR, observer=self)
         self.tap = Tap(config.rules, origin_cluster=config.site)
         self.rules_watch = RulesWatcher(config.rules.path)
         self.spool: Spool | None = None
@@ -143,7 +118,7 @@ class Sidecar:
             )
 
     @property
-    def state(self) -> Any:
+    def state(self) -> SiteState:
         return self.member.state
 
     @property
@@ -268,7 +243,7 @@ class Sidecar:
         async with trio.open_nursery() as nursery:
             if self.capture is not None:
                 await nursery.start(self.capture.serve)
-            await nursery.start(self.member.serve_member)
+            await nursery.start(self.member.serve)
             # Events tapped before the spool opens were part of the snapshot
             # or of the genesis; the spool starts above the current cseq.
             self.tap.resync_rules(self.state)

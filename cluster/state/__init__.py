@@ -1,9 +1,11 @@
-"""The site's deterministic queue state machine (ARCHITECTURE sections 5, 6).
+"""The site's deterministic queue state machine (docs/architecture.md, docs/state.md).
 
 ``new_state()`` makes an empty site; ``apply(state, command, sender=...)``
 applies one bus command and returns effects; ``members_left`` handles a view
 change; ``snapshot``/``restore`` move a state between members; ``digest``
-compares them.  docs/state.md describes the rules as implemented.
+compares them; ``fenced`` (R7) and ``read_only_origin`` (R3) answer the merge
+rules other layers ask about (:mod:`cluster.state.merge`).  docs/state.md
+describes the rules as implemented.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from cluster.state.effects import (
     Settled,
 )
 from cluster.state.machine import apply, apply_all, members_left
+from cluster.state.merge import fenced, read_only_origin
 from cluster.state.model import (
     COUNTERS,
     SiteState,
@@ -86,6 +89,7 @@ __all__ = [
     "apply",
     "apply_all",
     "digest",
+    "fenced",
     "list_exchanges",
     "list_queues",
     "members_left",
@@ -95,6 +99,7 @@ __all__ = [
     "queue_args",
     "queue_digest",
     "queue_info",
+    "read_only_origin",
     "ready_members",
     "replica_mode",
     "restore",

@@ -17,9 +17,10 @@ commands it carries.  The first command of a site has cseq 1.  View changes
 
 Local commands (from this site's clients and tools) are dispatched by type
 through ``_LOCAL``; a command may be refused (a :class:`Refused` effect and a
-counter, no change to the state).  ``Replicated`` commands go through the merge
-rules R1-R7 (ARCHITECTURE section 6, docs/state.md), and their inner
-commands through ``_REMOTE``.
+counter, no change to the state).  ``Replicated`` and ``ResyncApply`` commands
+go through the merge rules R1-R7 (docs/state.md): their admission, R3 and R7
+are decided in :mod:`cluster.state.merge`, their inner commands go through
+``_REMOTE``.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ from cluster.state.effects import (
     Sender,
     Settled,
 )
+from cluster.state.merge import admit, origin_record, read_only_origin, record_applied
 from cluster.state.model import (
     Exchange,
-    Origin,
     Queue,
     Replica,
     Session,
@@ -163,17 +164,6 @@ def _refuse(
     elif reason is Reason.MAX_DEPTH:
         state.count("max_depth_refused")
     eff.append(Refused(sender, ref, session, name, reason, CONDITIONS[reason], description))
-
-
-def _read_only_origin(state: SiteState, q: Queue) -> str | None:
-    """The origin a queue mirrors read-only (R3), or None if writable."""
-    r = q.replica
-    if r is None or r.mode != Mode.FULL:
-        return None
-    origin = state.origins.get(r.origin)
-    if origin is not None and origin.promoted:
-        return None
-    return r.origin
 
 
 def _read_only_text(queue: str, origin: str, what: str) -> str:
@@ -313,7 +303,7 @@ def _writable_queue(
             f"cannot {verb} queue {name!r}: no such queue",
         )  # fmt: skip
         return None
-    origin = _read_only_origin(state, q)
+    origin = read_only_origin(state, q)
     if origin is not None:
         _refuse(
             state, eff, sender, Reason.READ_ONLY, name, _read_only_text(q.name, origin, passive)
@@ -481,7 +471,7 @@ def _publish(state: SiteState, cmd: Publish, sender: Sender | None, eff: Effects
     queues = [state.queues[name] for name in targets]
     # All or nothing: check every target before changing any.
     for q in queues:
-        origin = _read_only_origin(state, q)
+        origin = read_only_origin(state, q)
         if origin is not None:
             _refuse(
                 state,
@@ -546,7 +536,7 @@ def _acquire(state: SiteState, cmd: Acquire, sender: Sender | None, eff: Effects
             session=cmd.session,
         )
         return
-    origin = _read_only_origin(state, q)
+    origin = read_only_origin(state, q)
     if origin is not None:
         _refuse(
             state,
@@ -684,13 +674,6 @@ def _genesis(state: SiteState, cmd: Genesis, sender: Sender | None, eff: Effects
     eff.append(GenesisApplied(cmd.cluster, cmd.incarnation, True))
 
 
-def _origin(state: SiteState, name: str) -> Origin:
-    o = state.origins.get(name)
-    if o is None:
-        o = state.origins[name] = Origin(name)
-    return o
-
-
 def _bare_replica_command(
     state: SiteState, cmd: Enqueue | Dequeue, sender: Sender | None, eff: Effects
 ) -> None:
@@ -700,7 +683,7 @@ def _bare_replica_command(
 
 
 def _promote(state: SiteState, cmd: Promote, sender: Sender | None, eff: Effects) -> None:
-    o = _origin(state, cmd.origin_cluster)
+    o = origin_record(state, cmd.origin_cluster)
     if cmd.epoch <= o.epoch:
         state.count("ignored")
         return
@@ -713,7 +696,7 @@ def _promote(state: SiteState, cmd: Promote, sender: Sender | None, eff: Effects
 def _accept_incarnation(
     state: SiteState, cmd: AcceptIncarnation, sender: Sender | None, eff: Effects
 ) -> None:
-    o = _origin(state, cmd.origin_cluster)
+    o = origin_record(state, cmd.origin_cluster)
     o.incarnation = cmd.incarnation
     if o.refused_incarnation == cmd.incarnation:
         o.refused_incarnation = 0
@@ -731,35 +714,18 @@ def _replicated(state: SiteState, cmd: Replicated, sender: Sender | None, eff: E
             ReplicatedOutcome(cmd.origin_cluster, cmd.incarnation, cmd.origin_cseq, cmd.epoch, o)
         )
 
-    if state.cluster and cmd.origin_cluster == state.cluster:
-        state.count("own_origin_refused")
-        outcome(Outcome.OWN_ORIGIN)
+    refusal = admit(state, cmd.origin_cluster, cmd.incarnation, cmd.origin_cseq, cmd.epoch)
+    if refusal is not None:
+        outcome(refusal)
         return
-    o = _origin(state, cmd.origin_cluster)
-    # R7: fencing by epoch; a promotion fences its own epoch too.
-    if cmd.epoch < o.epoch or (o.promoted and cmd.epoch == o.epoch):
-        state.count("r7_fenced")
-        outcome(Outcome.FENCED)
-        return
-    if o.incarnation == 0:
-        o.incarnation = cmd.incarnation
-    elif cmd.incarnation != o.incarnation:
-        state.count("incarnation_refused")
-        o.refused_incarnation = cmd.incarnation
-        outcome(Outcome.INCARNATION)
-        return
-    # R1: dedup.
-    if cmd.origin_cseq <= o.applied.get(cmd.incarnation, 0):
-        state.count("r1_duplicates")
-        outcome(Outcome.DUPLICATE)
-        return
-    if cmd.epoch > o.epoch:
-        o.epoch = cmd.epoch
-        o.promoted = False
-    o.applied[cmd.incarnation] = cmd.origin_cseq
-    o.last_time_us = cmd.origin_time_us
-    o.last_cseq = state.cseq
-    state.count("replicated_applied")
+    record_applied(
+        state,
+        cmd.origin_cluster,
+        cmd.incarnation,
+        cmd.origin_cseq,
+        cmd.epoch,
+        cmd.origin_time_us,
+    )
     for mode, inner in zip(cmd.modes, cmd.commands, strict=False):
         handler = _REMOTE.get(type(inner))
         if handler is None:
@@ -1049,24 +1015,11 @@ def _resync_apply(state: SiteState, cmd: ResyncApply, sender: Sender | None, eff
         eff.append(ReplicatedOutcome(cmd.origin_cluster, cmd.incarnation, cmd.cut, cmd.epoch, o))
 
     origin = cmd.origin_cluster
-    if state.cluster and origin == state.cluster:
-        state.count("own_origin_refused")
-        outcome(Outcome.OWN_ORIGIN)
+    refusal = admit(state, origin, cmd.incarnation, cmd.cut, cmd.epoch)
+    if refusal is not None:
+        outcome(refusal)
         return
-    o = _origin(state, origin)
-    if cmd.epoch < o.epoch or (o.promoted and cmd.epoch == o.epoch):
-        state.count("r7_fenced")
-        outcome(Outcome.FENCED)
-        return
-    if o.incarnation not in (0, cmd.incarnation):
-        state.count("incarnation_refused")
-        o.refused_incarnation = cmd.incarnation
-        outcome(Outcome.INCARNATION)
-        return
-    if cmd.cut <= o.applied.get(cmd.incarnation, 0):
-        state.count("r1_duplicates")
-        outcome(Outcome.DUPLICATE)
-        return
+    o = state.origins[origin]
     try:
         records = list(iter_snapshot_untrusted(cmd.snapshot))
     except DrgateError:
@@ -1115,16 +1068,7 @@ def _resync_apply(state: SiteState, cmd: ResyncApply, sender: Sender | None, eff
         else:
             assert isinstance(inner, Enqueue)
             _r_enqueue(state, origin, mode, inner, eff)
-    o.incarnation = cmd.incarnation
-    if o.refused_incarnation == cmd.incarnation:
-        o.refused_incarnation = 0
-    if cmd.epoch > o.epoch:
-        o.epoch = cmd.epoch
-        o.promoted = False
-    o.applied[cmd.incarnation] = cmd.cut
-    o.last_time_us = cmd.origin_time_us
-    o.last_cseq = state.cseq
-    state.count("replicated_applied")
+    record_applied(state, origin, cmd.incarnation, cmd.cut, cmd.epoch, cmd.origin_time_us)
     outcome(Outcome.APPLIED)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from cluster.state.effects import Message
 from cluster.state.machine import route as _route
+from cluster.state.merge import read_only_origin
 from cluster.state.model import SiteState
 from protocol.cluster import ExchangeType, Value
 from protocol.modes import Mode, Role
@@ -56,10 +57,6 @@ class OriginInfo:
 def _queue_info(state: SiteState, name: str) -> QueueInfo:
     q = state.queues[name]
     r = q.replica
-    writable = True
-    if r is not None and r.mode == Mode.FULL:
-        origin = state.origins.get(r.origin)
-        writable = origin is not None and origin.promoted
     return QueueInfo(
         name,
         q.depth,
@@ -69,7 +66,7 @@ def _queue_info(state: SiteState, name: str) -> QueueInfo:
         r.origin if r else None,
         r.mode if r else None,
         r.high_pos if r else 0,
-        writable,
+        read_only_origin(state, q) is None,
     )
 
 

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from cluster.bus.contract import MemberId, ViewChange
-from cluster.membership import Membership, Rejoin, SendSnapshot, StartGenesis
+from cluster.membership import (
+    Membership,
+    Rejoin,
+    SendSnapshot,
+    SnapshotAssembly,
+    StartGenesis,
+)
+from protocol.cluster import StateChunk
 
 A, B, C = MemberId(1, 10), MemberId(2, 20), MemberId(3, 30)
 
@@ -64,3 +71,35 @@ def test_members_that_were_never_ready_do_not_make_a_lone_member_rejoin() -> Non
     a = Membership(A)
     a.on_view(view(1, (A,), joined=(A,), quorate=False))
     assert a.on_view(view(2, (A, B), joined=(B,))) == [SendSnapshot(B, 0)]
+
+
+def chunk(target: MemberId, transfer: int, index: int, final: bool, data: bytes) -> StateChunk:
+    return StateChunk(target.node, target.pid, transfer, index, final, data)
+
+
+def test_a_snapshot_is_the_final_chunk_of_the_transfer_an_index_0_started() -> None:
+    assembly = SnapshotAssembly(B)
+    assert assembly.on_chunk(A, chunk(B, 1, 0, False, b"ab")) is None
+    assert assembly.on_chunk(A, chunk(C, 1, 1, True, b"not mine")) is None
+    assert assembly.on_chunk(A, chunk(B, 1, 1, True, b"cd")) == b"abcd"
+    # A later chunk without its index 0 starts nothing.
+    assert assembly.on_chunk(A, chunk(B, 2, 1, True, b"ef")) is None
+
+
+def test_transfers_of_two_donors_with_the_same_number_do_not_mix() -> None:
+    # node 1 pid 65,538 and node 2 pid 1 made the same key when the key was
+    # transfer * 1_000_003 + node * 65_537 + pid.
+    first, second = MemberId(1, 65_538), MemberId(2, 1)
+    assembly = SnapshotAssembly(B)
+    assert assembly.on_chunk(first, chunk(B, 7, 0, False, b"first-0|")) is None
+    assert assembly.on_chunk(second, chunk(B, 7, 1, True, b"second-1")) is None
+    assert assembly.on_chunk(first, chunk(B, 7, 1, True, b"first-1")) == b"first-0|first-1"
+
+
+def test_a_new_donor_restarts_the_transfer_and_a_reset_forgets_it() -> None:
+    assembly = SnapshotAssembly(B)
+    assembly.on_chunk(A, chunk(B, 1, 0, False, b"old"))
+    assembly.on_chunk(C, chunk(B, 1, 0, False, b"new"))
+    assert assembly.on_chunk(A, chunk(B, 1, 1, True, b"old")) is None
+    assembly.reset()
+    assert assembly.on_chunk(C, chunk(B, 1, 1, True, b"new")) is None

@@ -76,10 +76,8 @@ class MemberStandIn:
             self.applied.append(cmd)
         return effects
 
-    def _post(self, cmd: pc.Command) -> None:
+    def post(self, cmd: pc.Command) -> None:
         self.posted.append(cmd)
-
-    post = _post
 
     async def submit(self, *commands: pc.Command) -> None:
         self.apply(*commands)

@@ -1,0 +1,407 @@
+"""A member of a site's bus holding the whole site state: the core brokers,
+sidecars and the admin tools share.
+
+Theory of operation
+-------------------
+Everything that changes the site state is a command multicast on the bus;
+nothing changes the local state directly.  Two tasks make a member:
+
+* the *multicaster* takes commands from one bounded channel, batches them
+  into frames (:data:`FRAME_MAX_COMMANDS`, :data:`FRAME_MAX_BYTES`) and awaits
+  the bus's backpressure.  :meth:`SiteMember.submit` waits for room in the
+  channel, so a slow bus stops whoever submits;
+* the *applier* reads the bus stream in agreed order and applies each command
+  to the state (:func:`cluster.state.apply`), then tells the
+  :class:`MemberObserver` (the broker, the sidecar) what was applied, in
+  stream order.
+
+The applier never waits on the multicaster: the multicaster may be waiting
+for the bus, which waits for the applier to read.  So what the applier (an
+observer's hook) sends goes through :meth:`SiteMember.post`, which puts it in
+the channel or, when the channel is full, in a spill queue the multicaster
+empties first.  What bounds the spill: the member's own ``Genesis`` and
+``MemberReady`` (one each per join), and what the observers post, each bounded
+by its observer (a broker's ``Acquire`` and ``Release`` by the credit its
+consumers gave, a sidecar's ``AckWatermark`` by one a second).  A snapshot
+donation, the one thing whose size is the state's, is not posted: a task per
+joiner sends its chunks and waits for room in the channel like any submitter.
+
+Joining (:mod:`cluster.membership`): a joiner buffers its stream until a
+donor's snapshot arrives in ``StateChunk`` commands, restores it and applies
+what it buffered after the cut.  Ready (:attr:`SiteMember.ready`) once it holds
+the site state.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import random
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from cluster import state as st
+from cluster.bus import BusConfig, BusMember, Delivery, MemberId, ViewChange, open_bus
+from cluster.membership import (
+    Membership,
+    Rejoin,
+    SendSnapshot,
+    SnapshotAssembly,
+    StartGenesis,
+)
+from cluster.state.effects import Effect
+from protocol import cluster as pc
+from protocol.errors import BusError, DrgateError
+from protocol.modes import Role
+
+log = logging.getLogger(__name__)
+
+# Commands per bus frame, and bytes: batching amortises the bus's per-message
+# cost (corosync handles ~30k messages/s) without making frames so large that
+# they hold up the stream.
+FRAME_MAX_COMMANDS = 200
+FRAME_MAX_BYTES = 256 * 1024
+# Commands waiting for the multicaster: the bound that turns a slow bus into
+# backpressure on clients.
+COMMAND_QUEUE = 1000
+# Snapshot bytes per StateChunk command.
+CHUNK_BYTES = 512 * 1024
+
+# Snapshot envelope: member-level header around the state snapshot.
+#   cut u64 | ready count u32 | ready (node u32, pid u32)...
+_ENVELOPE = struct.Struct(">QI")
+_MEMBER = struct.Struct(">II")
+
+
+class MemberObserver(Protocol):
+    """What a :class:`SiteMember` tells its owner, from the applier, in stream
+    order.  No hook may wait: to multicast, use :meth:`SiteMember.post`."""
+
+    def after_command(
+        self, cmd: pc.Command, effects: Sequence[Effect], sender: MemberId, own: bool
+    ) -> None:
+        """``cmd`` from ``sender`` was applied (its cseq is the state's cseq);
+        ``own`` when this member multicast it."""
+
+    def after_frame(self) -> None:
+        """Every command of a delivered frame was applied."""
+
+    def after_view(self, view: ViewChange, effects: Sequence[Effect]) -> None:
+        """A view change was applied (members that left released their work)."""
+
+    def view_seen(self, view: ViewChange) -> None:
+        """A view change was delivered (also while joining, before it is applied)."""
+
+    def on_rejoin(self) -> None:
+        """The state is stale and will be replaced by a snapshot (see Rejoin)."""
+
+    def after_restore(self) -> None:
+        """A snapshot replaced the state (first join, or a rejoin)."""
+
+
+class NullObserver:
+    """A :class:`MemberObserver` that ignores everything: a member that only
+    reads the state and submits (an admin tool) uses it as it is; an owner
+    needing a few hooks subclasses it and overrides those."""
+
+    def after_command(
+        self, cmd: pc.Command, effects: Sequence[Effect], sender: MemberId, own: bool
+    ) -> None:
+        pass
+
+    def after_frame(self) -> None:
+        pass
+
+    def after_view(self, view: ViewChange, effects: Sequence[Effect]) -> None:
+        pass
+
+    def view_seen(self, view: ViewChange) -> None:
+        pass
+
+    def on_rejoin(self) -> None:
+        pass
+
+    def after_restore(self) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Barrier:
+    """Marks a point in the command channel; ``event`` is set once every
+    command before it has come back on the bus and been applied here."""
+
+    event: trio.Event
+
+
+class SiteMember:
+    """A member of ``cluster``'s bus holding the whole site state.
+
+    ``await nursery.start(member.serve)`` joins the bus and returns once the
+    state is here.  ``state`` is replaced by a snapshot on a (re)join: read
+    it through the member, never keep it.
+    """
+
+    def __init__(
+        self, cluster: str, bus: BusConfig, *, role: Role, observer: MemberObserver
+    ) -> None:
+        self.cluster = cluster
+        self.bus_config = bus
+        self.role = role
+        self.state = st.new_state()
+        self.me: MemberId | None = None
+        self.membership: Membership | None = None
+        self.ready = trio.Event()
+        self._observer = observer
+        self._send, self._receive = trio.open_memory_channel[pc.Command | _Barrier](COMMAND_QUEUE)
+        # What post() could not put in the channel (bounds: module docstring).
+        self._spill: collections.deque[pc.Command] = collections.deque()
+        self._buffer: list[Delivery | ViewChange] | None = []
+        self._assembly: SnapshotAssembly | None = None
+        self._transfers_sent = itertools.count(1)
+        self._frames_sent = 0  # own frames multicast
+        self._frames_applied = 0  # own frames come back and applied
+        self._barrier_events: dict[int, list[trio.Event]] = {}
+        self._pending_restore: bytes | None = None
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------------
+    # Service
+    # ------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Join the bus and follow the stream; started once this member holds
+        the site state.  Raises ``BusError`` when the bus is lost."""
+        async with open_bus(self.bus_config, role=self.role) as member:
+            self.me = member.me
+            self.membership = Membership(member.me)
+            self._assembly = SnapshotAssembly(member.me)
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._multicaster, member)
+                nursery.start_soon(self._applier, member)
+                await self.ready.wait()
+                task_status.started()
+
+    async def submit(self, *commands: pc.Command) -> None:
+        """Queue commands for multicast; waits while the bus is backpressured."""
+        for cmd in commands:
+            await self._send.send(cmd)
+
+    async def submit_and_wait(self, *commands: pc.Command) -> None:
+        """Multicast ``commands`` and wait until they have come back on the
+        bus and been applied here (so every member has applied them)."""
+        barrier = _Barrier(trio.Event())
+        for cmd in commands:
+            await self._send.send(cmd)
+        await self._send.send(barrier)
+        await barrier.event.wait()
+
+    def post(self, cmd: pc.Command) -> None:
+        """Queue a command for multicast without ever waiting (for the
+        applier's hooks, and anyone who must not wait): into the channel when
+        it has room and nothing is spilled, else into the spill, which the
+        multicaster empties before the channel, so a spilled command may
+        overtake commands waiting in the channel.  What bounds the spill:
+        the module docstring."""
+        if self._spill:
+            self._spill.append(cmd)
+            return
+        try:
+            self._send.send_nowait(cmd)
+        except trio.WouldBlock:
+            self._spill.append(cmd)
+
+    def _next_nowait(self) -> pc.Command | _Barrier:
+        """The next command to multicast: the spill first; WouldBlock if none."""
+        if self._spill:
+            return self._spill.popleft()
+        return self._receive.receive_nowait()
+
+    async def _multicaster(self, member: BusMember) -> None:
+        while True:
+            try:
+                item = self._next_nowait()
+            except trio.WouldBlock:
+                item = await self._receive.receive()
+            batch: list[pc.Command] = []
+            barriers: list[trio.Event] = []
+            size = 0
+            while True:
+                if isinstance(item, _Barrier):
+                    barriers.append(item.event)
+                    break
+                batch.append(item)
+                size += len(getattr(item, "body", b""))
+                if len(batch) >= FRAME_MAX_COMMANDS or size >= FRAME_MAX_BYTES:
+                    break
+                try:
+                    item = self._next_nowait()
+                except trio.WouldBlock:
+                    break
+            self._frames_sent += 1
+            if barriers:
+                self._barrier_events[self._frames_sent] = barriers
+            await member.multicast(pc.encode_frame(batch))
+
+    # ------------------------------------------------------------------
+    # The stream
+    # ------------------------------------------------------------------
+
+    async def _applier(self, member: BusMember) -> None:
+        assert self.membership is not None
+        async for event in member.events():
+            if isinstance(event, ViewChange):
+                self._on_view(event)
+            else:
+                self.membership.on_delivery()
+                if self._buffer is not None:
+                    self._buffer.append(event)
+                    self._maybe_take_snapshot(event)
+                    if self._pending_restore is not None:
+                        blob, self._pending_restore = self._pending_restore, None
+                        self._finish_restore(blob)
+                else:
+                    self._on_delivery(event)
+        raise BusError("the site bus ended the stream")
+
+    def _on_view(self, view: ViewChange) -> None:
+        assert self.membership is not None and self._assembly is not None
+        actions = self.membership.on_view(view)
+        self._observer.view_seen(view)
+        if self._buffer is not None:
+            self._buffer.append(view)
+        else:
+            self._apply_view(view)
+        for action in actions:
+            if isinstance(action, StartGenesis):
+                self._start_genesis(action)
+            elif isinstance(action, SendSnapshot):
+                self._send_snapshot(action)
+            elif isinstance(action, Rejoin):
+                log.warning(
+                    "this member was in a minority partition while the site went on: "
+                    "dropping its state and joining again by state transfer"
+                )
+                self._buffer = [view]
+                self._assembly.reset()
+                self._observer.on_rejoin()
+        if view.left:
+            log.info("members left: %s", ", ".join(map(str, view.left)))
+
+    def _apply_view(self, view: ViewChange) -> None:
+        effects = st.members_left(self.state, view.left) if view.left else []
+        self._observer.after_view(view, effects)
+
+    def _start_genesis(self, action: StartGenesis) -> None:
+        # The whole site starts here with the empty state: apply what we
+        # buffered since our join (every member of the cohort has the same).
+        buffered = self._buffer or []
+        self._buffer = None
+        for event in buffered:
+            if isinstance(event, ViewChange):
+                self._apply_view(event)
+            else:
+                self._on_delivery(event)
+        if action.announce:
+            self.post(pc.Genesis(self.cluster, random.getrandbits(64)))
+        self._announce_ready()
+
+    def _announce_ready(self) -> None:
+        assert self.me is not None
+        self.post(pc.MemberReady(self.role, self.me.node, self.me.pid))
+        self.ready.set()
+
+    def _send_snapshot(self, action: SendSnapshot) -> None:
+        """Cut a snapshot here, in the stream; a task sends it (not posted:
+        its size is the state's)."""
+        assert self.membership is not None and self._nursery is not None
+        ready = sorted(self.membership.ready)
+        header = _ENVELOPE.pack(action.cut, len(ready)) + b"".join(
+            _MEMBER.pack(m.node, m.pid) for m in ready
+        )
+        blob = header + st.snapshot(self.state)
+        chunks = max(1, -(-len(blob) // CHUNK_BYTES))
+        log.info(
+            "state transfer to %s: %d bytes in %d chunks, cut at %d events",
+            action.target,
+            len(blob),
+            chunks,
+            action.cut,
+        )
+        self._nursery.start_soon(self._donate, action.target, next(self._transfers_sent), blob)
+
+    async def _donate(self, target: MemberId, transfer: int, blob: bytes) -> None:
+        """Send one snapshot in StateChunk commands, waiting for room in the
+        channel: one chunk's copy at a time besides the snapshot itself."""
+        last = max(0, len(blob) - 1) // CHUNK_BYTES
+        for index in range(last + 1):
+            piece = blob[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES]
+            await self._send.send(
+                pc.StateChunk(target.node, target.pid, transfer, index, index == last, piece)
+            )
+
+    def _maybe_take_snapshot(self, event: Delivery) -> None:
+        """While buffering: collect the StateChunks addressed to me."""
+        assert self._assembly is not None
+        try:
+            refs = pc.scan_frame_untrusted(event.payload)
+        except DrgateError:
+            return
+        for ref in refs:
+            if ref[0] != pc.Kind.STATE_CHUNK:
+                continue
+            chunk = pc.decode_ref_untrusted(event.payload, ref)
+            assert isinstance(chunk, pc.StateChunk)
+            blob = self._assembly.on_chunk(event.sender, chunk)
+            if blob is not None:
+                self._pending_restore = blob
+
+    def _finish_restore(self, blob: bytes) -> None:
+        assert self.membership is not None and self._buffer is not None
+        cut, count = _ENVELOPE.unpack_from(blob)
+        offset = _ENVELOPE.size
+        ready = set()
+        for _ in range(count):
+            node, pid = _MEMBER.unpack_from(blob, offset)
+            offset += _MEMBER.size
+            ready.add(MemberId(node, pid))
+        self.state = st.restore_untrusted(blob[offset:])
+        # _buffer[0] is the view that (re)joined me; the snapshot covers the
+        # ``cut`` events after it.
+        buffered = self._buffer[1 + cut :]
+        self._buffer = None
+        self.membership.on_restored(ready, self.membership.members)
+        self._observer.after_restore()
+        log.info("state restored: cut at %d events, %d buffered to apply", cut, len(buffered))
+        for event in buffered:
+            if isinstance(event, ViewChange):
+                self._apply_view(event)
+            else:
+                self._on_delivery(event)
+        self._announce_ready()
+
+    def _on_delivery(self, event: Delivery) -> None:
+        assert self.me is not None and self.membership is not None
+        own = event.sender == self.me
+        try:
+            commands = pc.decode_frame_untrusted(event.payload)
+        except DrgateError as exc:
+            # Every member refuses the same bytes the same way, so skipping
+            # keeps the members identical; say so loudly.
+            log.error("undecodable bus frame from %s skipped: %s", event.sender, exc)
+            commands = []
+        for cmd in commands:
+            if isinstance(cmd, pc.MemberReady):
+                self.membership.on_member_ready(event.sender)
+            effects = st.apply(self.state, cmd, sender=event.sender)
+            self._observer.after_command(cmd, effects, event.sender, own)
+        if own:
+            self._frames_applied += 1
+            for waiter in self._barrier_events.pop(self._frames_applied, ()):
+                waiter.set()
+        self._observer.after_frame()

@@ -1,0 +1,140 @@
+"""The bus-member core (cluster/member): the observer contract, post, joining.
+
+Members run in this process on an embedded bus whose sequencer runs here too
+(loopback TCP, no other process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import trio
+
+from cluster import state as st
+from cluster.bus import BusConfig, MemberId, ViewChange
+from cluster.bus.embedded import serve_sequencer
+from cluster.member import CHUNK_BYTES, COMMAND_QUEUE, MemberObserver, NullObserver, SiteMember
+from cluster.state.effects import Effect
+from protocol import cluster as pc
+from protocol.modes import Role
+
+DEADLINE_S = 10  # generous: loopback TCP on a busy machine
+
+
+class Recorder:
+    """Records every hook, and the state's cseq each command was told at."""
+
+    def __init__(self) -> None:
+        self.member: SiteMember | None = None
+        self.calls: list[tuple[Any, ...]] = []
+        self.changed = trio.Event()  # set, and replaced, at every call
+
+    def after_command(
+        self, cmd: pc.Command, effects: Sequence[Effect], sender: MemberId, own: bool
+    ) -> None:
+        assert self.member is not None
+        self.record("command", type(cmd).__name__, own, self.member.state.cseq)
+
+    def after_frame(self) -> None:
+        self.record("frame")
+
+    def after_view(self, view: ViewChange, effects: Sequence[Effect]) -> None:
+        self.record("view", view.members, list(effects))
+
+    def view_seen(self, view: ViewChange) -> None:
+        self.record("seen", view.members)
+
+    def on_rejoin(self) -> None:
+        self.record("rejoin")
+
+    def after_restore(self) -> None:
+        self.record("restore")
+
+    def record(self, *call: Any) -> None:
+        self.calls.append(call)
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_for(self, call: tuple[Any, ...]) -> None:
+        with trio.fail_after(DEADLINE_S):
+            while call not in self.calls:
+                await self.changed.wait()
+
+    def kinds(self) -> list[Any]:
+        return [c[0] if c[0] != "command" else c[1] for c in self.calls]
+
+
+@contextlib.asynccontextmanager
+async def open_site(group: str = "site") -> AsyncIterator[tuple[trio.Nursery, BusConfig]]:
+    async with trio.open_nursery() as nursery:
+        host, port = await nursery.start(serve_sequencer, "127.0.0.1", 0, group)
+        yield nursery, BusConfig("embedded", group, 1, f"{host}:{port}")
+        nursery.cancel_scope.cancel()
+
+
+async def start(nursery: trio.Nursery, bus: BusConfig, observer: MemberObserver) -> SiteMember:
+    member = SiteMember("P", bus, role=Role.BROKER, observer=observer)
+    if isinstance(observer, Recorder):
+        observer.member = member
+    with trio.fail_after(DEADLINE_S):
+        await nursery.start(member.serve)
+    return member
+
+
+async def test_observer_hears_the_stream_in_order_after_it_is_applied() -> None:
+    first, second = Recorder(), Recorder()
+    async with open_site() as (nursery, bus):
+        a = await start(nursery, bus, first)
+        assert a.me is not None
+        # Genesis: the join view is applied, then our own Genesis and MemberReady.
+        assert first.kinds()[:2] == ["seen", "view"]
+        with trio.fail_after(DEADLINE_S):
+            await a.submit_and_wait(pc.QueueDeclare("q"))
+        assert {"Genesis", "MemberReady", "QueueDeclare"} <= set(first.kinds())
+        assert all(c[2] for c in first.calls if c[0] == "command")  # all own
+        cseqs = [c[3] for c in first.calls if c[0] == "command"]
+        assert cseqs == list(range(1, len(cseqs) + 1))  # told after each was applied
+        assert first.kinds()[-1] == "frame"
+
+        first.calls.clear()
+        b = await start(nursery, bus, second)
+        # The joiner buffered from its join view and took a's snapshot.
+        assert second.kinds()[:2] == ["seen", "restore"]
+        assert b.state.queues.keys() == {"q"}
+        assert st.digest(b.state) == st.digest(a.state)
+        assert first.calls[:2] == [("seen", (a.me, b.me)), ("view", (a.me, b.me), [])]
+
+        first.calls.clear()
+        second.calls.clear()
+        with trio.fail_after(DEADLINE_S):
+            await b.submit_and_wait(pc.QueueDeclare("r"))
+        assert ("command", "QueueDeclare", True, b.state.cseq) in second.calls
+        await first.wait_for(("command", "QueueDeclare", False, b.state.cseq))
+        assert "r" in a.state.queues
+
+
+async def test_post_never_waits_and_what_it_spills_is_multicast_before_a_later_barrier() -> None:
+    async with open_site() as (nursery, bus):
+        member = await start(nursery, bus, NullObserver())
+        count = 2 * COMMAND_QUEUE + 1
+        # No checkpoint in this loop: the multicaster cannot drain meanwhile,
+        # so the channel fills and the rest is spilled.
+        for i in range(count):
+            member.post(pc.QueueDeclare(f"q{i}"))
+        with trio.fail_after(DEADLINE_S):
+            await member.submit_and_wait()
+        assert sum(name.startswith("q") for name in member.state.queues) == count
+
+
+async def test_a_joiner_takes_a_snapshot_of_several_chunks() -> None:
+    async with open_site() as (nursery, bus):
+        a = await start(nursery, bus, NullObserver())
+        with trio.fail_after(DEADLINE_S):
+            await a.submit_and_wait(pc.QueueDeclare("big", {"blob": b"x" * (2 * CHUNK_BYTES)}))
+        recorder = Recorder()
+        b = await start(nursery, bus, recorder)
+        assert recorder.kinds().count("restore") == 1
+        assert st.digest(b.state) == st.digest(a.state)
+        assert b.state.queues["big"].args == {"blob": b"x" * (2 * CHUNK_BYTES)}
