@@ -61,6 +61,7 @@ from cluster.amqp import (
 from cluster.bus import BusConfig, Delivery, MemberId, ViewChange, open_bus
 from cluster.membership import Membership, Rejoin, SendSnapshot, StartGenesis
 from cluster.state.model import SiteState
+from cluster.statistics import BusSection, NodeStatistics
 from protocol import cluster as pc
 from protocol.errors import BusError, DrgateError
 from protocol.modes import Mode, Role
@@ -788,27 +789,27 @@ class BrokerNode(SiteMember):
             **describe(self.state),
         }
 
-    def statistics(self) -> dict[str, Any]:
-        """A plain snapshot for the observability endpoint (schema: gateway/metrics.py).
+    def statistics(self) -> NodeStatistics:
+        """A typed snapshot for the observability endpoint (read by gateway/metrics.py).
 
         Only plain data: the gateway turns it into Prometheus metrics; this
         module does not import prometheus-client.  A broker has no role, tap,
-        link or spool: those sections are absent.
+        link or spool, and reports no state transfer.
         """
         membership = self.membership
-        return {
-            "site": self.config.cluster,
-            "node": self.config.node,
-            "process": "broker",
-            "cseq": self.state.cseq,
-            "bus": {
-                "view_size": 0 if membership is None else len(membership.members),
-                "quorate": True if membership is None else membership.quorate,
-                "members": len(self.state.ready),
-            },
-            "merge": dict(self.state.counters),
-            "last_error": "" if self.quorate() else self.minority_refusal(),
-        }
+        return NodeStatistics(
+            site=self.config.cluster,
+            node=self.config.node,
+            process="broker",
+            cseq=self.state.cseq,
+            bus=BusSection(
+                view_size=0 if membership is None else len(membership.members),
+                quorate=True if membership is None else membership.quorate,
+                members=len(self.state.ready),
+            ),
+            merge=dict(self.state.counters),
+            last_error="" if self.quorate() else self.minority_refusal(),
+        )
 
 
 def admin_commands(request: dict[str, Any]) -> list[pc.Command]:

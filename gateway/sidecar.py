@@ -47,7 +47,18 @@ from gateway import resync as rs
 from gateway.capture import CaptureConfig, CaptureSink, capture_role
 from gateway.ruleswatch import POLL_S as RULES_POLL_S
 from gateway.ruleswatch import RulesWatcher
-from gateway.spool import DEFAULT_SEGMENT_BYTES, Spool
+from gateway.spool import DEFAULT_SEGMENT_BYTES, Spool, SpoolStatistics
+from gateway.statistics import (
+    BusSection,
+    LinkSection,
+    ResyncSection,
+    RulesSection,
+    SidecarStatistics,
+    dr_section,
+    egress_link_section,
+    ingress_link_section,
+    sidecar_statistics,
+)
 from gateway.tap import ReplEvent, Tap
 from protocol import cluster as pc
 from protocol import link
@@ -821,99 +832,66 @@ class Sidecar(SiteMember):
 
     # ------------------------------------------------------------------
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> SidecarStatistics:
         spool = self.spool.statistics() if self.spool is not None else None
-        stats: dict[str, Any] = {
-            "site": self.config.site,
-            "node": self.config.node,
-            "process": "sidecar",
-            "role": self.current_role(),
-            "cseq": self.state.cseq,
-            "bus": {
-                "view_size": 0 if self.membership is None else len(self.membership.members),
-                "quorate": True if self.membership is None else self.membership.quorate,
-            },
-            "rules": {
-                "version": self.tap.rules.rules_version,
-                "failed_reloads_total": self.tap.rules_failures + self.rules_watch.failures,
-                "file_problem": self.rules_watch.problem,
-                "digest": self.tap.rules.digest,
-            },
-            "merge": dict(self.state.counters),
-            "last_error": (
+        role = self.current_role()
+        return sidecar_statistics(
+            site=self.config.site,
+            node=self.config.node,
+            role=role,
+            cseq=self.state.cseq,
+            bus=BusSection(
+                view_size=0 if self.membership is None else len(self.membership.members),
+                quorate=True if self.membership is None else self.membership.quorate,
+            ),
+            merge=self.state.counters,
+            last_error=(
                 self.minority_text_now()
-                if self.current_role() == "minority"
+                if role == "minority"
                 else self.last_error or self.tap.last_error or self.rules_watch.problem
             ),
-        }
-        link_stats: dict[str, Any] = {
-            "state": self.link_state,
-            "peer": self.peer,
-            "reconnects_total": self.reconnects,
-            "rtt_seconds": self.rtt,
-        }
-        if self.config.primary:
-            stats["tap"] = self.tap.statistics()
-            s = self._sender_stats
-            last = spool.last_seq if spool is not None and spool.last_seq is not None else 0
-            lag_events, lag_seconds = self.lag()
-            link_stats.update(
-                {
-                    "acked_seq": self.acked_seq,
-                    "last_seq": last,
-                    "lag_events": lag_events,
-                    "lag_seconds": lag_seconds,
-                }
-            )
-            ended = self._ended_links
-            link_stats.update(
-                {
-                    "bytes_sent_total": ended["bytes_sent_total"] + (s.bytes_raw if s else 0),
-                    "bytes_sent_wire_total": ended["bytes_sent_wire_total"]
-                    + (s.bytes_sent if s else 0),
-                    "batches_sent_total": ended["batches_sent_total"] + (s.batches if s else 0),
-                    "events_sent_total": ended["events_sent_total"] + (s.events if s else 0),
-                }
-            )
-        else:
-            open_links = list(self._receiver_stats.values())
-            ended = self._ended_links
-            link_stats["events_received_total"] = self.ingested
-            link_stats["bytes_received_wire_total"] = ended["bytes_received_wire_total"] + sum(
-                r.bytes_received for r in open_links
-            )
-            link_stats["batches_received_total"] = ended["batches_received_total"] + sum(
-                r.batches for r in open_links
-            )
-            if open_links:
-                link_stats["acked_seq"] = max(r.acked_seq for r in open_links)
-        stats["link"] = link_stats
-        stats["resync"] = {
-            "active": self.resync_active,
-            "total": self.resyncs,
-            "progress_ratio": (
-                self.resync_chunks_done / self.resync_chunks if self.resync_chunks else 0.0
+            rules=RulesSection(
+                version=self.tap.rules.rules_version,
+                failed_reloads_total=self.tap.rules_failures + self.rules_watch.failures,
+                file_problem=self.rules_watch.problem,
+                digest=self.tap.rules.digest,
             ),
-            "bytes_total": self.resync_bytes,
-            "messages": self.resync_messages,
-        }
-        if not self.config.primary:
-            # Passed through by /status (the resync section is copied whole):
-            # what the Pacemaker agent's monitor reads.
-            peer = self.state.origins.get(self.config.peer_cluster)
-            stats["resync"]["promoted"] = bool(peer is not None and peer.promoted)
-            stats["resync"]["epoch"] = 0 if peer is None else peer.epoch
-            stats["origins"] = {
-                name: rs.origin_summary(o) for name, o in self.state.origins.items()
-            }
-        if spool is not None:
-            stats["spool"] = {
-                "bytes": spool.bytes,
-                "max_bytes": spool.max_bytes,
-                "segments": spool.segments,
-                "overflow_total": spool.overflow_count,
-                "needs_resync": spool.needs_resync,
-                "first_seq": spool.first_seq,
-                "last_seq": spool.last_seq,
-            }
-        return stats
+            link=self._link_statistics(spool),
+            resync=ResyncSection(
+                active=self.resync_active,
+                total=self.resyncs,
+                progress_ratio=(
+                    self.resync_chunks_done / self.resync_chunks if self.resync_chunks else 0.0
+                ),
+                bytes_total=self.resync_bytes,
+                messages=self.resync_messages,
+            ),
+            tap=self.tap.statistics() if self.config.primary else None,
+            spool=spool,
+            dr=None
+            if self.config.primary
+            else dr_section(self.state.origins, peer_cluster=self.config.peer_cluster),
+        )
+
+    def _link_statistics(self, spool: SpoolStatistics | None) -> LinkSection:
+        if self.config.primary:
+            return egress_link_section(
+                state=self.link_state,
+                peer=self.peer,
+                reconnects_total=self.reconnects,
+                rtt_seconds=self.rtt,
+                acked_seq=self.acked_seq,
+                lag=self.lag(),
+                spool=spool,
+                sender=self._sender_stats,
+                ended=self._ended_links,
+            )
+        return ingress_link_section(
+            state=self.link_state,
+            peer=self.peer,
+            reconnects_total=self.reconnects,
+            rtt_seconds=self.rtt,
+            events_received_total=self.ingested,
+            receivers=list(self._receiver_stats.values()),
+            ended=self._ended_links,
+        )
