@@ -57,6 +57,7 @@ from cluster.amqp import (
 from cluster.bus import BusConfig, MemberId, ViewChange
 from cluster.member import NullObserver, SiteMember
 from cluster.state.model import SiteState
+from cluster.statistics import BusSection, NodeStatistics
 from protocol import cluster as pc
 from protocol.errors import DrgateError
 from protocol.modes import Role
@@ -467,27 +468,28 @@ class BrokerNode(NullObserver):
             **describe(self.member.state),
         }
 
-    def statistics(self) -> dict[str, Any]:
-        """A plain snapshot for the observability endpoint (schema: gateway/metrics.py).
+    def statistics(self) -> NodeStatistics:
+        """A typed snapshot for the observability endpoint (read by gateway/metrics.py).
 
         Only plain data: the gateway turns it into Prometheus metrics; this
         module does not import prometheus-client.  A broker has no role, tap,
-        link or spool: those sections are absent.
+        link or spool, and reports no state transfer.
         """
         membership = self.member.membership
-        return {
-            "site": self.config.cluster,
-            "node": self.config.node,
-            "process": "broker",
-            "cseq": self.member.state.cseq,
-            "bus": {
-                "view_size": 0 if membership is None else len(membership.members),
-                "quorate": True if membership is None else membership.quorate,
-                "members": len(self.member.state.ready),
-            },
-            "merge": dict(self.member.state.counters),
-            "last_error": "" if self.quorate() else self.minority_refusal(),
-        }
+        state = self.member.state
+        return NodeStatistics(
+            site=self.config.cluster,
+            node=self.config.node,
+            process="broker",
+            cseq=state.cseq,
+            bus=BusSection(
+                view_size=0 if membership is None else len(membership.members),
+                quorate=True if membership is None else membership.quorate,
+                members=len(state.ready),
+            ),
+            merge=dict(state.counters),
+            last_error="" if self.quorate() else self.minority_refusal(),
+        )
 
 
 def admin_commands(request: dict[str, Any]) -> list[pc.Command]:

@@ -33,7 +33,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -43,6 +43,7 @@ from gateway.capture import CaptureSink
 from gateway.linkstatus import LinkStatus
 from gateway.roles import RoleSignal, SidecarRole
 from gateway.spool import Spool
+from gateway.statistics import LinkSection, egress_link_section
 from gateway.tap import ReplEvent, Tap
 from protocol import cluster as pc
 from protocol import link
@@ -153,7 +154,7 @@ class Egress:
         self.unacked = UnackedEvents()
         self.acked_seq = 0
         self._refusal = ""  # the last non-retriable refusal by D, until a WELCOME
-        self._sender_stats: Any = None
+        self._sender_stats: link.SenderStatistics | None = None
         self._last_watermark = -WATERMARK_INTERVAL_S
         self._waiting: trio.CancelScope | None = None
         self._woken = False
@@ -375,26 +376,20 @@ class Egress:
 
     # ------------------------------------------------------------------
 
-    def link_statistics(self) -> dict[str, Any]:
+    def link_statistics(self) -> LinkSection:
         """The ``link`` section of P's statistics."""
         spool = self._spool()
-        last = spool.statistics().last_seq if spool is not None else None
-        lag_events, lag_seconds = self.unacked.lag(time.time())
-        s, ended = self._sender_stats, self.status.ended
-        return {
-            "state": self.status.state,
-            "peer": self.status.peer,
-            "reconnects_total": self.status.reconnects,
-            "rtt_seconds": self.status.rtt,
-            "acked_seq": self.acked_seq,
-            "last_seq": last or 0,
-            "lag_events": lag_events,
-            "lag_seconds": lag_seconds,
-            "bytes_sent_total": ended["bytes_sent_total"] + (s.bytes_raw if s else 0),
-            "bytes_sent_wire_total": ended["bytes_sent_wire_total"] + (s.bytes_sent if s else 0),
-            "batches_sent_total": ended["batches_sent_total"] + (s.batches if s else 0),
-            "events_sent_total": ended["events_sent_total"] + (s.events if s else 0),
-        }
+        return egress_link_section(
+            state=self.status.state,
+            peer=self.status.peer,
+            reconnects_total=self.status.reconnects,
+            rtt_seconds=self.status.rtt,
+            acked_seq=self.acked_seq,
+            lag=self.unacked.lag(time.time()),
+            spool=None if spool is None else spool.statistics(),
+            sender=self._sender_stats,
+            ended=self.status.ended,
+        )
 
 
 def _now_us() -> int:

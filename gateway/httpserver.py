@@ -8,10 +8,12 @@ is answered with an error or dropped.  At most ``MAX_CONNECTIONS`` requests
 are served at once; more are answered ``503`` at once, so a scraper storm
 cannot grow the process without bound.
 
-``/metrics`` calls the snapshot function once and renders it through
-:class:`gateway.metrics.SnapshotCollector`; ``/status`` renders the same
-snapshot as JSON with rates computed by a sampler task that takes a snapshot
-every ``RATE_SAMPLE_INTERVAL_S`` (see :class:`gateway.metrics.RateTracker`).
+``/metrics`` calls the snapshot function (a broker's or a sidecar's
+``statistics()``, returning a :class:`cluster.statistics.NodeStatistics`)
+once and renders it through :class:`gateway.metrics.SnapshotCollector`;
+``/status`` renders the same snapshot as JSON with rates computed by a sampler
+task that takes a snapshot every ``RATE_SAMPLE_INTERVAL_S`` (see
+:class:`gateway.metrics.RateTracker`).
 A snapshot function that raises makes that request a ``500`` (and the sampler
 logs it and goes on): a bug in a statistics() must not stop the sidecar.
 """
@@ -20,12 +22,16 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any
 
 import trio
 
-from gateway.metrics import RateTracker, build_registry, render_metrics, status_document
+from gateway.metrics import (
+    RateTracker,
+    SnapshotFunction,
+    build_registry,
+    render_metrics,
+    status_document,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +99,7 @@ async def _read_head(stream: trio.abc.Stream) -> bytes | None:
 class ObservabilityServer:
     """Answers requests from one snapshot function; transport-free apart from streams."""
 
-    def __init__(self, snapshot: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(self, snapshot: SnapshotFunction) -> None:
         self.snapshot = snapshot
         self.registry = build_registry(snapshot)
         self.rates = RateTracker()
@@ -173,7 +179,7 @@ async def serve_http(
     host: str,
     port: int,
     *,
-    snapshot: Callable[[], Mapping[str, Any]],
+    snapshot: SnapshotFunction,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``/metrics`` and ``/status`` on host:port until cancelled.

@@ -25,7 +25,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -37,6 +37,7 @@ from gateway import resync as rs
 from gateway.egress import READ_BYTES, describe_error
 from gateway.linkstatus import LinkStatus
 from gateway.roles import SidecarRole
+from gateway.statistics import LinkSection, ingress_link_section
 from protocol import cluster as pc
 from protocol import link
 from protocol.errors import DrgateError, LinkError, RemoteProtocolError
@@ -80,7 +81,9 @@ class Ingress:
         self.ingested = 0  # replicated commands applied through this ingress
         self.links_up = 0  # accepted link connections open now
         self.link_port: int | None = None  # the bound link port
-        self._receivers: dict[int, Any] = {}  # statistics of each open connection
+        self._receivers: dict[
+            int, link.ReceiverStatistics
+        ] = {}  # statistics of each open connection
 
     async def serve(
         self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
@@ -189,24 +192,17 @@ class Ingress:
 
     # ------------------------------------------------------------------
 
-    def link_statistics(self) -> dict[str, Any]:
+    def link_statistics(self) -> LinkSection:
         """The ``link`` section of D's statistics."""
-        open_links = list(self._receivers.values())
-        ended = self.status.ended
-        stats: dict[str, Any] = {
-            "state": self.status.state,
-            "peer": self.status.peer,
-            "reconnects_total": self.status.reconnects,
-            "rtt_seconds": self.status.rtt,
-            "events_received_total": self.ingested,
-            "bytes_received_wire_total": ended["bytes_received_wire_total"]
-            + sum(r.bytes_received for r in open_links),
-            "batches_received_total": ended["batches_received_total"]
-            + sum(r.batches for r in open_links),
-        }
-        if open_links:
-            stats["acked_seq"] = max(r.acked_seq for r in open_links)
-        return stats
+        return ingress_link_section(
+            state=self.status.state,
+            peer=self.status.peer,
+            reconnects_total=self.status.reconnects,
+            rtt_seconds=self.status.rtt,
+            events_received_total=self.ingested,
+            receivers=list(self._receivers.values()),
+            ended=self.status.ended,
+        )
 
 
 class _Connection:

@@ -25,15 +25,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from cluster.bus import BusConfig, MemberId, ViewChange
 from cluster.member import NullObserver, SiteMember
+from cluster.state.effects import Effect
 from cluster.state.model import SiteState
+from cluster.statistics import BusSection
 from filters.matcher import RuleSet
-from gateway import resync as rs
 from gateway.capture import CaptureConfig, CaptureSink, capture_role
 from gateway.egress import CONNECT_TIMEOUT_S, Egress
 from gateway.ingress import Ingress
@@ -41,6 +41,13 @@ from gateway.roles import RoleSignal, SidecarRole, active_sidecar, role_of
 from gateway.ruleswatch import POLL_S as RULES_POLL_S
 from gateway.ruleswatch import RulesWatcher
 from gateway.spool import DEFAULT_SEGMENT_BYTES, Spool
+from gateway.statistics import (
+    ResyncSection,
+    RulesSection,
+    SidecarStatistics,
+    dr_section,
+    sidecar_statistics,
+)
 from gateway.tap import ReplEvent, Tap
 from protocol import cluster as pc
 from protocol.modes import Role
@@ -149,7 +156,7 @@ class Sidecar(NullObserver):
     # ------------------------------------------------------------------
 
     def after_command(
-        self, cmd: pc.Command, effects: Sequence[Any], sender: MemberId, own: bool
+        self, cmd: pc.Command, effects: Sequence[Effect], sender: MemberId, own: bool
     ) -> None:
         """``cmd`` was applied (its cseq is the state's)."""
         if isinstance(cmd, pc.MemberReady):
@@ -309,64 +316,45 @@ class Sidecar(NullObserver):
 
     # ------------------------------------------------------------------
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> SidecarStatistics:
         """The snapshot metrics and ``/status`` read (gateway/metrics.py)."""
         membership = self.member.membership
         role = self.current_role()
         link_side = self.egress or self.ingress
         assert link_side is not None
-        stats: dict[str, Any] = {
-            "site": self.config.site,
-            "node": self.config.node,
-            "process": "sidecar",
-            "role": str(role),
-            "cseq": self.state.cseq,
-            "bus": {
-                "view_size": 0 if membership is None else len(membership.members),
-                "quorate": True if membership is None else membership.quorate,
-            },
-            "rules": {
-                "version": self.tap.rules.rules_version,
-                "failed_reloads_total": self.tap.rules_failures + self.rules_watch.failures,
-                "file_problem": self.rules_watch.problem,
-                "digest": self.tap.rules.digest,
-            },
-            "merge": dict(self.state.counters),
-            "last_error": (
+        resync = link_side.status.resync
+        return sidecar_statistics(
+            site=self.config.site,
+            node=self.config.node,
+            role=role,
+            cseq=self.state.cseq,
+            bus=BusSection(
+                view_size=0 if membership is None else len(membership.members),
+                quorate=True if membership is None else membership.quorate,
+            ),
+            merge=self.state.counters,
+            last_error=(
                 self.minority_text_now()
                 if role == SidecarRole.MINORITY
                 else link_side.status.last_error or self.tap.last_error or self.rules_watch.problem
             ),
-            "link": link_side.link_statistics(),
-        }
-        resync = link_side.status.resync
-        stats["resync"] = {
-            "active": resync.active,
-            "total": resync.total,
-            "progress_ratio": resync.progress_ratio,
-            "bytes_total": resync.bytes_total,
-            "messages": resync.messages,
-        }
-        if self.egress is not None:
-            stats["tap"] = self.tap.statistics()
-        else:
-            # Passed through by /status (the resync section is copied whole):
-            # what the Pacemaker agent's monitor reads.
-            peer = self.state.origins.get(self.config.peer_cluster)
-            stats["resync"]["promoted"] = bool(peer is not None and peer.promoted)
-            stats["resync"]["epoch"] = 0 if peer is None else peer.epoch
-            stats["origins"] = {
-                name: rs.origin_summary(o) for name, o in self.state.origins.items()
-            }
-        if self.spool is not None:
-            spool = self.spool.statistics()
-            stats["spool"] = {
-                "bytes": spool.bytes,
-                "max_bytes": spool.max_bytes,
-                "segments": spool.segments,
-                "overflow_total": spool.overflow_count,
-                "needs_resync": spool.needs_resync,
-                "first_seq": spool.first_seq,
-                "last_seq": spool.last_seq,
-            }
-        return stats
+            rules=RulesSection(
+                version=self.tap.rules.rules_version,
+                failed_reloads_total=self.tap.rules_failures + self.rules_watch.failures,
+                file_problem=self.rules_watch.problem,
+                digest=self.tap.rules.digest,
+            ),
+            link=link_side.link_statistics(),
+            resync=ResyncSection(
+                active=resync.active,
+                total=resync.total,
+                progress_ratio=resync.progress_ratio,
+                bytes_total=resync.bytes_total,
+                messages=resync.messages,
+            ),
+            tap=self.tap.statistics() if self.egress is not None else None,
+            spool=None if self.spool is None else self.spool.statistics(),
+            dr=None
+            if self.ingress is None
+            else dr_section(self.state.origins, peer_cluster=self.config.peer_cluster),
+        )

@@ -45,6 +45,7 @@ from cluster import state as st
 from cluster.state.model import SiteState
 from filters.matcher import Decision, Drop, RuleSet
 from filters.switch import RulesPayload, apply_switch
+from gateway.statistics import TapStatistics
 from protocol import cluster as pc
 from protocol.errors import DrgateError
 from protocol.modes import Mode
@@ -293,10 +294,10 @@ class Tap:
             return
         self._decide_all(state)
 
-    def statistics(self) -> dict[str, Any]:
-        return {
-            "commands_total": dict(self.commands),
-            "forwarded_total": dict(self.forwarded),
-            "filtered_total": dict(self.filtered),
-            "dropped_total": dict(self.dropped),
-        }
+    def statistics(self) -> TapStatistics:
+        return TapStatistics(
+            commands_total=dict(self.commands),
+            forwarded_total=dict(self.forwarded),
+            filtered_total=dict(self.filtered),
+            dropped_total=dict(self.dropped),
+        )

@@ -137,7 +137,11 @@ def _bytes(value: Any) -> str:
 
 
 def _resync_text(resync: dict[str, Any], width: int = 10) -> str:
-    """A resync in progress as a bar (``resync ███░░ 42%``), or a promoted site."""
+    """A resync in progress as a bar (``resync ███░░ 42%``), or a promoted site.
+
+    ``promoted`` is in /status's ``resync`` object at D (a compatibility field
+    that ``gateway.metrics.status_document`` fills from the snapshot's
+    ``DrSection``)."""
     text = ""
     if resync.get("promoted"):
         text += " [bold magenta]promoted[/]"

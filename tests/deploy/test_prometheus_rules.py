@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,17 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from cluster.state.model import COUNTERS
+from cluster.statistics import BusSection, StateTransferSection
 from gateway.metrics import build_registry, render_metrics
+from gateway.statistics import (
+    LinkSection,
+    ResyncSection,
+    RulesSection,
+    SidecarStatistics,
+    SpoolSection,
+    TapStatistics,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -95,68 +106,37 @@ def test_scrape_config_covers_both_sites_sidecars_and_brokers() -> None:
 
 def exported_names() -> set[str]:
     """Every sample name gateway.metrics exports for a snapshot with every field."""
-    snapshot = {
-        "site": "site-p",
-        "node": 1,
-        "process": "sidecar",
-        "role": "egress",
-        "bus": {"view_size": 3, "quorate": True, "members": 6},
-        "tap": {
-            "commands_total": {"PUBLISH": 1},
-            "forwarded_total": {"full": 1},
-            "filtered_total": {("none", "r"): 1},
-            "dropped_total": {"size": 1},
-        },
-        "link": {
-            "state": "up",
-            "peer": "d1:7000",
-            **{
-                f"{k}": 1
-                for k in (
-                    "bytes_sent_total",
-                    "bytes_sent_wire_total",
-                    "batches_sent_total",
-                    "bytes_received_total",
-                    "bytes_received_wire_total",
-                    "batches_received_total",
-                    "rtt_seconds",
-                    "lag_events",
-                    "lag_seconds",
-                    "acked_seq",
-                    "last_seq",
-                    "reconnects_total",
-                    "events_sent_total",
-                    "events_received_total",
-                )
-            },
-        },
-        "spool": {
-            "bytes": 1,
-            "max_bytes": 2,
-            "segments": 1,
-            "overflow_total": 0,
-            "needs_resync": False,
-            "first_seq": 1,
-            "last_seq": 1,
-        },
-        "merge": dict.fromkeys(
-            (
-                "r1_duplicates",
-                "r3_refused",
-                "r4_dequeues_ignored",
-                "r5_conflicts",
-                "r6_conflicts",
-                "r7_fenced",
-                "incarnation_refused",
-                "replicated_applied",
-            ),
-            1,
+    counted = {f.name: 1 for f in fields(LinkSection) if f.name not in ("state", "peer")}
+    snapshot = SidecarStatistics(
+        site="site-p",
+        node=1,
+        process="sidecar",
+        role="egress",
+        cseq=1,
+        bus=BusSection(view_size=3, quorate=True, members=6),
+        tap=TapStatistics(
+            commands_total={"PUBLISH": 1},
+            forwarded_total={"full": 1},
+            filtered_total={("none", "r"): 1},
+            dropped_total={"size": 1},
         ),
-        "resync": {"active": False, "total": 1, "progress_ratio": 0.5, "bytes_total": 1},
-        "rules": {"version": 1, "failed_reloads_total": 0, "digest": "d"},
-        "state_transfer": {"count_total": 1, "seconds_total": 0.5},
-        "last_error": "",
-    }
+        link=LinkSection(state="up", peer="d1:7000", **counted),
+        spool=SpoolSection(
+            bytes=1,
+            max_bytes=2,
+            segments=1,
+            overflow_total=0,
+            needs_resync=False,
+            first_seq=1,
+            last_seq=1,
+        ),
+        merge=dict.fromkeys(COUNTERS, 1),
+        resync=ResyncSection(active=False, total=1, progress_ratio=0.5, bytes_total=1, messages=1),
+        rules=RulesSection(version=1, failed_reloads_total=0, file_problem="", digest="d"),
+        state_transfer=StateTransferSection(count_total=1, seconds_total=0.5),
+        last_error="",
+        dr=None,
+    )
     text = render_metrics(build_registry(lambda: snapshot, process=False)).decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 

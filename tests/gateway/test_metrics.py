@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from cluster.state.model import COUNTERS
+from cluster.statistics import BusSection, NodeStatistics, StateTransferSection
 from gateway import httpserver
 from gateway.commands import status as status_command
 from gateway.httpserver import ObservabilityServer, serve_http
 from gateway.metrics import (
+    MERGE_METRICS,
     RateTracker,
     SnapshotCollector,
     build_registry,
@@ -21,52 +25,108 @@ from gateway.metrics import (
     render_metrics,
     status_document,
 )
+from gateway.statistics import (
+    DrSection,
+    LinkSection,
+    ResyncSection,
+    RulesSection,
+    SidecarStatistics,
+    SpoolSection,
+    TapStatistics,
+)
 
 CONSTANT = {"site": "site-p", "node": "1", "process": "sidecar"}
 
 
-def full_snapshot() -> dict[str, Any]:
-    return {
+def link(**fields: Any) -> LinkSection:
+    """A link section: up to d1.example:7000 unless told otherwise."""
+    base: dict[str, Any] = {
+        "state": "up",
+        "peer": "d1.example:7000",
+        "reconnects_total": 1,
+        "rtt_seconds": None,
+    }
+    return LinkSection(**(base | fields))
+
+
+def sidecar(**fields: Any) -> SidecarStatistics:
+    """A sidecar snapshot with empty sections, the given fields replaced."""
+    base: dict[str, Any] = {
         "site": "site-p",
         "node": 1,
         "process": "sidecar",
+        "cseq": 0,
+        "bus": BusSection(view_size=0, quorate=True),
+        "merge": {},
+        "last_error": "",
         "role": "egress",
-        "cseq": 1234,
-        "bus": {"view_size": 3, "quorate": True, "members": 6},
-        "tap": {
-            "commands_total": {"PUBLISH": 10, "DECLARE": 2},
-            "forwarded_total": {"full": 5, "enqueue": 3, "wiring": 1},
-            "filtered_total": {("none", "drop-temp"): 4, ("none", "default"): 1},
-            "dropped_total": {"size": 1, "header": 2, "spool_overflow": 0},
-        },
-        "link": {
-            "state": "up",
-            "peer": "d1.example:7000",
-            "bytes_sent_total": 1000,
-            "bytes_sent_wire_total": 300,
-            "batches_sent_total": 7,
-            "bytes_received_total": 50,
-            "bytes_received_wire_total": 40,
-            "batches_received_total": 2,
-            "rtt_seconds": 0.05,
-            "lag_events": 12,
-            "lag_seconds": 0.3,
-            "acked_seq": 88,
-            "last_seq": 100,
-            "reconnects_total": 1,
-            "events_sent_total": 100,
-            "events_received_total": 0,
-        },
-        "spool": {
-            "bytes": 800,
-            "max_bytes": 1000,
-            "segments": 2,
-            "overflow_total": 0,
-            "needs_resync": False,
-            "first_seq": 80,
-            "last_seq": 100,
-        },
-        "merge": {
+        "rules": RulesSection(version=0, failed_reloads_total=0, file_problem="", digest=""),
+        "link": link(),
+        "resync": ResyncSection(
+            active=False, total=0, progress_ratio=0.0, bytes_total=0, messages=0
+        ),
+        "tap": None,
+        "spool": None,
+        "dr": None,
+    }
+    return SidecarStatistics(**(base | fields))
+
+
+def broker(**fields: Any) -> NodeStatistics:
+    base: dict[str, Any] = {
+        "site": "site-d",
+        "node": 2,
+        "process": "broker",
+        "cseq": 7,
+        "bus": BusSection(view_size=2, quorate=True),
+        "merge": {},
+        "last_error": "",
+    }
+    return NodeStatistics(**(base | fields))
+
+
+def full_snapshot() -> SidecarStatistics:
+    return SidecarStatistics(
+        site="site-p",
+        node=1,
+        process="sidecar",
+        role="egress",
+        cseq=1234,
+        bus=BusSection(view_size=3, quorate=True, members=6),
+        tap=TapStatistics(
+            commands_total={"PUBLISH": 10, "DECLARE": 2},
+            forwarded_total={"full": 5, "enqueue": 3, "wiring": 1},
+            filtered_total={("none", "drop-temp"): 4, ("none", "default"): 1},
+            dropped_total={"size": 1, "header": 2, "spool_overflow": 0},
+        ),
+        link=LinkSection(
+            state="up",
+            peer="d1.example:7000",
+            bytes_sent_total=1000,
+            bytes_sent_wire_total=300,
+            batches_sent_total=7,
+            bytes_received_total=50,
+            bytes_received_wire_total=40,
+            batches_received_total=2,
+            rtt_seconds=0.05,
+            lag_events=12,
+            lag_seconds=0.3,
+            acked_seq=88,
+            last_seq=100,
+            reconnects_total=1,
+            events_sent_total=100,
+            events_received_total=0,
+        ),
+        spool=SpoolSection(
+            bytes=800,
+            max_bytes=1000,
+            segments=2,
+            overflow_total=0,
+            needs_resync=False,
+            first_seq=80,
+            last_seq=100,
+        ),
+        merge={
             "r1_duplicates": 3,
             "r3_refused": 4,
             "r4_dequeues_ignored": 5,
@@ -77,11 +137,14 @@ def full_snapshot() -> dict[str, Any]:
             "replicated_applied": 10,
             "max_depth_refused": 11,
         },
-        "resync": {"active": True, "total": 2, "progress_ratio": 0.25, "bytes_total": 4096},
-        "rules": {"version": 3, "failed_reloads_total": 1, "digest": "ab12"},
-        "state_transfer": {"count_total": 1, "seconds_total": 1.5},
-        "last_error": "",
-    }
+        resync=ResyncSection(
+            active=True, total=2, progress_ratio=0.25, bytes_total=4096, messages=0
+        ),
+        rules=RulesSection(version=3, failed_reloads_total=1, file_problem="", digest="ab12"),
+        state_transfer=StateTransferSection(count_total=1, seconds_total=1.5),
+        last_error="",
+        dr=None,
+    )
 
 
 def parse(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -97,7 +160,7 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float:
     return samples[(name, frozenset({**CONSTANT, **labels}.items()))]
 
 
-def scrape(snapshot: dict[str, Any]) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+def scrape(snapshot: NodeStatistics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     return parse(render_metrics(build_registry(lambda: snapshot, process=False)).decode())
 
 
@@ -160,6 +223,7 @@ def test_every_snapshot_field_becomes_a_metric_with_constant_labels() -> None:
         ("drgate_resync_bytes_total", ()): 4096,
         ("drgate_rules_version", ()): 3,
         ("drgate_rules_reload_failures_total", ()): 1,
+        ("drgate_rules_file_invalid", ()): 0,
         ("drgate_rules_info", (("digest", "ab12"),)): 1,
         ("drgate_state_transfers_total", ()): 1,
         ("drgate_state_transfer_seconds_total", ()): 1.5,
@@ -185,66 +249,92 @@ def test_counter_families_are_typed_counters_and_gauges_gauges() -> None:
 
 
 def test_missing_sections_mean_absent_metrics() -> None:
-    s = scrape({"site": "site-d", "process": "broker", "bus": {"view_size": 2}})
+    s = scrape(broker())
+    labels = frozenset({"site": "site-d", "node": "2", "process": "broker"}.items())
     assert s == {
-        ("drgate_bus_view_size", frozenset({"site": "site-d", "process": "broker"}.items())): 2
+        ("drgate_bus_cseq", labels): 7,
+        ("drgate_bus_view_size", labels): 2,
+        ("drgate_bus_quorate", labels): 1,
+        ("drgate_last_error_present", labels): 0,
     }
+    assert [f.name for f in families_from_snapshot(broker())] == [
+        "drgate_bus_cseq",
+        "drgate_bus_view_size",
+        "drgate_bus_quorate",
+        "drgate_last_error_present",
+    ]
 
 
-def test_empty_snapshot_yields_no_metric() -> None:
-    assert families_from_snapshot({}) == []
+def test_a_sidecar_without_tap_and_spool_has_no_tap_or_spool_metric() -> None:
+    names = {name for name, _ in scrape(sidecar(role="ingress"))}
+    assert "drgate_role" in names
+    assert "drgate_link_up" in names
+    assert not {
+        n for n in names if n.startswith(("drgate_tap_", "drgate_events_", "drgate_spool_"))
+    }
+    assert "drgate_resync_needed" not in names
 
 
 def test_non_numbers_are_skipped_not_fatal() -> None:
-    s = scrape({"site": "x", "link": {"lag_events": "many", "lag_seconds": None, "rtt_seconds": 1}})
-    assert {name for name, _ in s} == {"drgate_link_rtt_seconds"}
+    stats = sidecar(link=link(lag_events="many", lag_seconds=None, rtt_seconds=1))
+    names = {name for name, _ in scrape(stats)}
+    assert "drgate_link_rtt_seconds" in names
+    assert not {"drgate_lag_events", "drgate_lag_seconds"} & names
 
 
 def test_unknown_role_and_state_are_exported_beside_the_known_ones() -> None:
-    s = scrape({"role": "promoting", "link": {"state": "draining"}})
-    assert s[("drgate_role", frozenset({("role", "promoting")}))] == 1
-    assert s[("drgate_role", frozenset({("role", "egress")}))] == 0
-    assert s[("drgate_link_state", frozenset({("state", "draining")}))] == 1
-    assert s[("drgate_link_up", frozenset())] == 0
+    s = scrape(sidecar(role="promoting", link=link(state="draining")))
+    assert value(s, "drgate_role", role="promoting") == 1
+    assert value(s, "drgate_role", role="egress") == 0
+    assert value(s, "drgate_link_state", state="draining") == 1
+    assert value(s, "drgate_link_up") == 0
 
 
 def test_last_error_sets_the_presence_gauge() -> None:
-    s = scrape({"last_error": "link refused: STALE_EPOCH"})
-    assert s[("drgate_last_error_present", frozenset())] == 1
+    s = scrape(sidecar(last_error="link refused: STALE_EPOCH"))
+    assert value(s, "drgate_last_error_present") == 1
+
+
+def test_merge_metrics_name_only_state_counters() -> None:
+    assert set(MERGE_METRICS) <= set(COUNTERS)
 
 
 def test_collector_reads_the_snapshot_at_scrape_time_only() -> None:
     calls = []
 
-    def snapshot() -> dict[str, Any]:
+    def snapshot() -> SidecarStatistics:
         calls.append(1)
-        return {"link": {"lag_events": len(calls)}}
+        return sidecar(link=link(lag_events=len(calls)))
 
     registry = build_registry(snapshot, process=False)
     assert calls == []  # registering does not call it
     first = parse(render_metrics(registry).decode())
     second = parse(render_metrics(registry).decode())
-    assert first[("drgate_lag_events", frozenset())] == 1
-    assert second[("drgate_lag_events", frozenset())] == 2
+    assert value(first, "drgate_lag_events") == 1
+    assert value(second, "drgate_lag_events") == 2
     names = [f.name for f in SnapshotCollector(snapshot).collect()]
-    assert names == ["drgate_lag_events"]
+    assert "drgate_lag_events" in names
     assert len(calls) == 3
+
+
+def forwarded(**counts: int) -> SidecarStatistics:
+    return sidecar(tap=TapStatistics({}, counts, {}, {}))
 
 
 def test_rate_tracker_rates_over_the_window_and_restart_on_reset() -> None:
     tracker = RateTracker(window=10.0)
     assert tracker.rates()["events_forwarded_per_second"] is None
-    tracker.observe(0.0, {"tap": {"forwarded_total": {"full": 0, "enqueue": 0}}})
-    tracker.observe(1.0, {"tap": {"forwarded_total": {"full": 10, "enqueue": 10}}})
+    tracker.observe(0.0, forwarded(full=0, enqueue=0))
+    tracker.observe(1.0, forwarded(full=10, enqueue=10))
     assert tracker.rates()["events_forwarded_per_second"] == 20.0
     for t in range(2, 30):
-        tracker.observe(float(t), {"tap": {"forwarded_total": {"full": 20 * t}}})
+        tracker.observe(float(t), forwarded(full=20 * t))
     assert tracker.span <= 10.0 + 1e-9
     assert tracker.rates()["events_forwarded_per_second"] == pytest.approx(20.0)
     # The process restarted: counters went down.
-    tracker.observe(30.0, {"tap": {"forwarded_total": {"full": 5}}})
+    tracker.observe(30.0, forwarded(full=5))
     assert tracker.rates()["events_forwarded_per_second"] is None
-    tracker.observe(32.0, {"tap": {"forwarded_total": {"full": 9}}})
+    tracker.observe(32.0, forwarded(full=9))
     assert tracker.rates()["events_forwarded_per_second"] == 2.0
 
 
@@ -265,18 +355,68 @@ def test_status_document_fields() -> None:
 
 
 def test_status_document_of_an_empty_snapshot_is_plain_json() -> None:
-    doc = status_document({"link": {"lag_seconds": float("inf")}})
+    doc = status_document(sidecar(link=link(lag_seconds=float("inf"))))
     assert doc["lag_seconds"] is None
+    json.dumps(doc, allow_nan=False)
+    doc = status_document(broker())
     assert doc["role"] is None
     assert all(v is None for v in doc["rates"].values())
     json.dumps(doc, allow_nan=False)
+
+
+def test_status_document_of_a_broker_field_for_field() -> None:
+    doc = status_document(broker(bus=BusSection(2, True, members=5), merge={"r7_fenced": 1}))
+    nothing = dict.fromkeys(
+        ("peer", "link_state", "lag_events", "lag_seconds", "rtt_seconds", "acked_seq")
+    )
+    assert doc == {
+        "site": "site-d",
+        "node": 2,
+        "process": "broker",
+        "role": None,
+        **nothing,
+        "last_seq": None,
+        "rates": dict.fromkeys(doc["rates"]),
+        "spool": dict.fromkeys(
+            ("bytes", "max_bytes", "used_ratio", "segments", "overflow_total", "needs_resync")
+        ),
+        "rules_version": None,
+        "rules_digest": None,
+        "rules_file_problem": "",
+        "rules_reload_failures": None,
+        "bus": {"view_size": 2, "quorate": True, "members": 5},
+        "resync": {},
+        "merge": {"r7_fenced": 1},
+        "last_error": "",
+    }
+    assert len(doc["rates"]) == 6
+
+
+def test_status_document_of_an_ingress_keeps_the_compatibility_fields() -> None:
+    dr = DrSection(promoted=True, epoch=4, origins={"site-p": {"epoch": 4}})
+    doc = status_document(sidecar(role="ingress", dr=dr))
+    # The bus section without members, promoted and epoch inside resync: as
+    # the Pacemaker agent and `drgate status` read them.
+    assert doc["bus"] == {"view_size": 0, "quorate": True}
+    assert doc["resync"] == {
+        "active": False,
+        "total": 0,
+        "progress_ratio": 0.0,
+        "bytes_total": 0,
+        "messages": 0,
+        "promoted": True,
+        "epoch": 4,
+    }
+    assert "origins" not in doc and "dr" not in doc
+    assert doc["spool"]["used_ratio"] is None
+    assert "promoted" not in status_document(sidecar())["resync"]
 
 
 # --- the HTTP server -------------------------------------------------------------
 
 
 def test_respond_answers_errors_without_a_socket() -> None:
-    server = ObservabilityServer(dict)
+    server = ObservabilityServer(broker)
     assert server.respond(b"GET /nope HTTP/1.1").startswith(b"HTTP/1.1 404 ")
     assert server.respond(b"POST /metrics HTTP/1.1").startswith(b"HTTP/1.1 405 ")
     assert server.respond(b"garbage").startswith(b"HTTP/1.1 400 ")
@@ -286,7 +426,7 @@ def test_respond_answers_errors_without_a_socket() -> None:
 
 
 def test_a_failing_snapshot_is_a_500_not_a_crash() -> None:
-    def broken() -> dict[str, Any]:
+    def broken() -> NodeStatistics:
         raise RuntimeError("boom")
 
     server = ObservabilityServer(broken)
@@ -315,7 +455,7 @@ class Changing:
     def __init__(self) -> None:
         self.data = full_snapshot()
 
-    def __call__(self) -> dict[str, Any]:
+    def __call__(self) -> SidecarStatistics:
         return self.data
 
 
@@ -339,7 +479,11 @@ async def test_serve_http_over_loopback_metrics_and_status() -> None:
             assert value(samples, "drgate_link_up") == 1
             assert any(name == "process_cpu_seconds_total" for name, _ in samples)
 
-            snap.data["tap"]["forwarded_total"]["full"] = 42
+            assert snap.data.tap is not None
+            tap = replace(
+                snap.data.tap, forwarded_total={**snap.data.tap.forwarded_total, "full": 42}
+            )
+            snap.data = replace(snap.data, tap=tap)
             code, _, body = await http_get(port, b"GET /metrics?x=1 HTTP/1.1\r\n\r\n")
             assert value(parse(body.decode()), "drgate_events_forwarded_total", mode="full") == 42
 
@@ -367,7 +511,7 @@ async def test_a_client_that_sends_nothing_is_dropped_after_the_timeout(
         async with trio.open_nursery() as nursery:
             port = await nursery.start(
                 lambda task_status: serve_http(
-                    "127.0.0.1", 0, snapshot=dict, task_status=task_status
+                    "127.0.0.1", 0, snapshot=broker, task_status=task_status
                 )
             )
             stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -387,7 +531,8 @@ async def test_status_rates_come_from_the_sampler(autojump_clock: trio.abc.Clock
         nursery.start_soon(server.serve_sampler)
         await trio.sleep(0.5)
         for _ in range(5):
-            snap.data["link"]["events_sent_total"] += 100
+            sent = (snap.data.link.events_sent_total or 0) + 100
+            snap.data = replace(snap.data, link=replace(snap.data.link, events_sent_total=sent))
             await trio.sleep(httpserver.RATE_SAMPLE_INTERVAL_S)
         nursery.cancel_scope.cancel()
     body = server.respond(b"GET /status HTTP/1.1").partition(b"\r\n\r\n")[2]
@@ -420,9 +565,12 @@ def unused_port() -> int:
 @pytest.mark.integration
 async def test_status_command_against_served_snapshots(capsys: pytest.CaptureFixture[str]) -> None:
     p1 = full_snapshot()
-    d1 = full_snapshot()
-    d1.update(site="site-d", role="ingress")
-    d1["link"].update(peer="p1.example:41000", lag_events=0, lag_seconds=0.0)
+    d1 = replace(
+        p1,
+        site="site-d",
+        role="ingress",
+        link=replace(p1.link, peer="p1.example:41000", lag_events=0, lag_seconds=0.0),
+    )
     dead = f"127.0.0.1:{unused_port()}"
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
@@ -486,7 +634,7 @@ def test_render_shows_errors_in_rows() -> None:
         status_command.render(
             [
                 {"url": "http://x/status", "error": "unreachable: refused"},
-                status_document(full_snapshot() | {"last_error": "spool full"}),
+                status_document(replace(full_snapshot(), last_error="spool full")),
             ]
         )
     )

@@ -1,0 +1,271 @@
+"""The sidecar's statistics snapshot: frozen, typed sections, and their assembly.
+
+A sidecar hands out a :class:`SidecarStatistics` from ``statistics()``;
+``gateway/metrics.py`` turns it into Prometheus metrics and the ``/status``
+document at scrape time.  ``SidecarStatistics`` *extends*
+:class:`cluster.statistics.NodeStatistics` (inheritance, not composition), so
+the metrics read the common fields of a broker's and a sidecar's snapshot the
+same way and add the sidecar's sections when ``isinstance(stats,
+SidecarStatistics)``.  Its own fields are keyword-only.
+
+Sections a role does not have are ``None``: ``tap`` and ``spool`` at the
+egress side (P) only, ``dr`` at the ingress side (D) only.  In ``link``, the
+fields after ``rtt_seconds`` are ``None`` when this side does not count them
+(P sends, D receives); a ``None`` field is an absent metric.
+
+The functions below build the sections from the components' own snapshots;
+:func:`sidecar_statistics` assembles the whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cluster.statistics import BusSection, NodeStatistics, StateTransferSection
+from gateway.resync import origin_summary
+
+if TYPE_CHECKING:
+    from cluster.state.model import Origin
+    from gateway.spool import SpoolStatistics
+    from protocol.link.receiver import ReceiverStatistics
+    from protocol.link.sender import SenderStatistics
+
+__all__ = [
+    "BusSection",
+    "DrSection",
+    "LinkSection",
+    "NodeStatistics",
+    "ResyncSection",
+    "RulesSection",
+    "SidecarStatistics",
+    "SpoolSection",
+    "StateTransferSection",
+    "TapStatistics",
+    "dr_section",
+    "egress_link_section",
+    "ingress_link_section",
+    "sidecar_statistics",
+    "spool_section",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TapStatistics:
+    """The tap's counters (``Tap.statistics()``)."""
+
+    commands_total: Mapping[str, int]  # bus commands seen, by command kind
+    forwarded_total: Mapping[str, int]  # replication events produced, by mode
+    filtered_total: Mapping[tuple[str, str], int]  # not forwarded, by (mode, deciding rule)
+    dropped_total: Mapping[str, int]  # dropped, by reason
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSection:
+    """The WAN link.  ``*_sent_*`` are counted at P, ``*_received_*`` at D."""
+
+    state: str  # "up", "down", "connecting", "refused"
+    peer: str  # "" before the first connection
+    reconnects_total: int
+    rtt_seconds: float | None
+    acked_seq: int | None = None
+    last_seq: int | None = None
+    lag_events: int | None = None  # P: events tapped and not acked by D
+    lag_seconds: float | None = None  # P: age of the oldest of them
+    bytes_sent_total: int | None = None  # event bytes before compression
+    bytes_sent_wire_total: int | None = None
+    batches_sent_total: int | None = None
+    events_sent_total: int | None = None
+    bytes_received_wire_total: int | None = None
+    batches_received_total: int | None = None
+    events_received_total: int | None = None
+    # Event bytes received before decompression.  No sidecar counts it today;
+    # the metric family drgate_link_bytes_received_total{encoding="raw"} is
+    # documented beside the wire one, so the field stays.
+    bytes_received_total: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolSection:
+    """The egress spool (P)."""
+
+    bytes: int
+    max_bytes: int
+    segments: int
+    overflow_total: int  # times a full spool dropped its oldest segments
+    needs_resync: bool  # D is behind the spool's floor
+    first_seq: int | None
+    last_seq: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResyncSection:
+    """Resyncs: started, running, progress (chunks acked at P, buffered at D)."""
+
+    active: bool
+    total: int
+    progress_ratio: float
+    bytes_total: int
+    messages: int
+
+
+@dataclass(frozen=True, slots=True)
+class RulesSection:
+    """The replication rules in force and the rules file on disk."""
+
+    version: int
+    failed_reloads_total: int
+    file_problem: str  # "" while the file on disk is valid
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class DrSection:
+    """What D holds of the origins (D only): read by the Pacemaker agent and ``drgate status``.
+
+    ``promoted`` and ``epoch`` are those of the peer site P.  ``origins`` is
+    ``gateway.resync.origin_summary`` of every origin, by site name.
+    """
+
+    promoted: bool
+    epoch: int
+    origins: Mapping[str, Mapping[str, object]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SidecarStatistics(NodeStatistics):
+    """A sidecar's snapshot: a :class:`NodeStatistics` with ``process="sidecar"`` and its sections.
+
+    ``role`` is one of ``gateway.metrics.ROLES`` (a ``StrEnum`` fits).
+    """
+
+    role: str
+    rules: RulesSection
+    link: LinkSection
+    resync: ResyncSection
+    tap: TapStatistics | None
+    spool: SpoolSection | None
+    dr: DrSection | None
+
+
+def spool_section(stats: SpoolStatistics) -> SpoolSection:
+    """The spool's section of its own snapshot."""
+    return SpoolSection(
+        bytes=stats.bytes,
+        max_bytes=stats.max_bytes,
+        segments=stats.segments,
+        overflow_total=stats.overflow_count,
+        needs_resync=stats.needs_resync,
+        first_seq=stats.first_seq,
+        last_seq=stats.last_seq,
+    )
+
+
+def egress_link_section(
+    *,
+    state: str,
+    peer: str,
+    reconnects_total: int,
+    rtt_seconds: float | None,
+    acked_seq: int,
+    lag: tuple[int, float],
+    spool: SpoolStatistics | None,
+    sender: SenderStatistics | None,
+    ended: Mapping[str, int],
+) -> LinkSection:
+    """P's link: ``sender`` is the open connection's snapshot (``None`` when
+    none is open), ``ended`` the summed counters of the connections that ended
+    (keys ``bytes_sent_total``, ``bytes_sent_wire_total``, ``batches_sent_total``,
+    ``events_sent_total``; a missing key is 0), so the totals never go back.
+    ``last_seq`` is the spool's (0 without one); ``lag`` is (events, seconds)."""
+    last = spool.last_seq if spool is not None and spool.last_seq is not None else 0
+    return LinkSection(
+        state=state,
+        peer=peer,
+        reconnects_total=reconnects_total,
+        rtt_seconds=rtt_seconds,
+        acked_seq=acked_seq,
+        last_seq=last,
+        lag_events=lag[0],
+        lag_seconds=lag[1],
+        bytes_sent_total=ended.get("bytes_sent_total", 0) + (sender.bytes_raw if sender else 0),
+        bytes_sent_wire_total=ended.get("bytes_sent_wire_total", 0)
+        + (sender.bytes_sent if sender else 0),
+        batches_sent_total=ended.get("batches_sent_total", 0) + (sender.batches if sender else 0),
+        events_sent_total=ended.get("events_sent_total", 0) + (sender.events if sender else 0),
+    )
+
+
+def ingress_link_section(
+    *,
+    state: str,
+    peer: str,
+    reconnects_total: int,
+    rtt_seconds: float | None,
+    events_received_total: int,
+    receivers: Collection[ReceiverStatistics],
+    ended: Mapping[str, int],
+) -> LinkSection:
+    """D's link: ``receivers`` are the open connections' snapshots, ``ended``
+    the summed counters of those that ended (keys ``bytes_received_wire_total``,
+    ``batches_received_total``; a missing key is 0).  ``acked_seq`` is the
+    highest of the open connections, ``None`` with none open."""
+    return LinkSection(
+        state=state,
+        peer=peer,
+        reconnects_total=reconnects_total,
+        rtt_seconds=rtt_seconds,
+        acked_seq=max((r.acked_seq for r in receivers), default=None),
+        events_received_total=events_received_total,
+        bytes_received_wire_total=ended.get("bytes_received_wire_total", 0)
+        + sum(r.bytes_received for r in receivers),
+        batches_received_total=ended.get("batches_received_total", 0)
+        + sum(r.batches for r in receivers),
+    )
+
+
+def dr_section(origins: Mapping[str, Origin], *, peer_cluster: str) -> DrSection:
+    """D's view of the origins; ``peer_cluster`` is P's site name (not promoted,
+    epoch 0 while D holds nothing of it)."""
+    peer = origins.get(peer_cluster)
+    return DrSection(
+        promoted=bool(peer is not None and peer.promoted),
+        epoch=0 if peer is None else peer.epoch,
+        origins={name: origin_summary(o) for name, o in origins.items()},
+    )
+
+
+def sidecar_statistics(
+    *,
+    site: str,
+    node: int,
+    role: str,
+    cseq: int,
+    bus: BusSection,
+    merge: Mapping[str, int],
+    last_error: str,
+    rules: RulesSection,
+    link: LinkSection,
+    resync: ResyncSection,
+    tap: TapStatistics | None = None,
+    spool: SpoolStatistics | None = None,
+    dr: DrSection | None = None,
+) -> SidecarStatistics:
+    """A sidecar's snapshot from its pieces; ``merge`` is copied, ``spool`` converted."""
+    return SidecarStatistics(
+        site=site,
+        node=node,
+        process="sidecar",
+        cseq=cseq,
+        bus=bus,
+        merge=dict(merge),
+        last_error=last_error,
+        role=role,
+        rules=rules,
+        link=link,
+        resync=resync,
+        tap=tap,
+        spool=None if spool is None else spool_section(spool),
+        dr=dr,
+    )
