@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from protocol.capture import MAGIC
 from protocol.errors import DrgateError
@@ -70,7 +71,8 @@ def count_segments(captures: Path) -> int:
     return found
 
 
-def run(args: argparse.Namespace) -> int:
+def _check(args: argparse.Namespace) -> int:
+    """The number of capture segments to analyse; raises AnalyzeError for bad input."""
     captures = Path(args.captures)
     if not captures.exists():
         raise AnalyzeError(
@@ -85,19 +87,22 @@ def run(args: argparse.Namespace) -> int:
             f"no capture segments under {str(captures)!r}; is capture enabled in the "
             "sidecar config (capture.directory) and is this that directory?"
         )
+    return segments
 
+
+def run(args: argparse.Namespace) -> int:
+    segments = _check(args)
     from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=True)
-    console.print(f"{args.job}: {segments} capture segment(s) under {captures}")
+    console.print(f"{args.job}: {segments} capture segment(s) under {args.captures}")
     command = [
         sys.executable,
         "-m",
         "analysis.jobs",
         args.job,
         "--captures",
-        str(captures),
+        str(args.captures),
         "--out",
         str(args.out),
         "--master",
@@ -105,6 +110,24 @@ def run(args: argparse.Namespace) -> int:
         "--window-s",
         str(args.window_s),
     ]
+    code, tail = _run_job(command, console)
+    report = Path(args.out) / args.job / "report.html"
+    # analysis.jobs exits 0 (done), 1 (audit found violations), 2 (bad input), 3 (crash)
+    if code not in (0, 1) or not report.exists():
+        raise AnalyzeError(
+            f"the {args.job} job failed (exit {code}); its last output:\n" + "\n".join(tail)
+        )
+    if args.job == "audit":
+        console.print(f"audit: {'violations found' if code else 'clean'}; report: {report}")
+    else:
+        console.print(f"{args.job}: report: {report}")
+    return code
+
+
+def _run_job(command: list[str], console: Any) -> tuple[int, list[str]]:
+    """Run the job, showing its progress lines; its exit code and last lines."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     tail: collections.deque[str] = collections.deque(maxlen=ERROR_TAIL_LINES)
     with Progress(
         SpinnerColumn(),
@@ -129,14 +152,4 @@ def run(args: argparse.Namespace) -> int:
                 elif line:
                     tail.append(line)
             code = child.wait()
-    report = Path(args.out) / args.job / "report.html"
-    # analysis.jobs exits 0 (done), 1 (audit found violations), 2 (bad input), 3 (crash)
-    if code not in (0, 1) or not report.exists():
-        raise AnalyzeError(
-            f"the {args.job} job failed (exit {code}); its last output:\n" + "\n".join(tail)
-        )
-    if args.job == "audit":
-        console.print(f"audit: {'violations found' if code else 'clean'}; report: {report}")
-    else:
-        console.print(f"{args.job}: report: {report}")
-    return code
+    return code, list(tail)
