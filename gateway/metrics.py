@@ -39,6 +39,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from cluster.statistics import NodeStatistics
+from gateway.roles import SidecarRole
 from gateway.statistics import (
     LinkSection,
     ResyncSection,
@@ -55,7 +56,7 @@ SnapshotFunction = Callable[[], NodeStatistics]
 # exported on every scrape (1 for the current one, 0 for the others), so
 # `sum by (site) (drgate_role{role="egress"})` is 0, not absent, when no node
 # is the egress.
-ROLES = ("egress", "standby", "ingress", "ingress-standby", "minority", "starting")
+ROLES = tuple(str(role) for role in SidecarRole)
 LINK_STATES = ("up", "down", "connecting", "refused")
 
 # Rates over at most this many seconds of samples: long enough to smooth the

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from gateway.roles import SidecarRole
 from protocol.errors import ConfigError, DrgateError, Location, Problem
 
 NAME = "status"
@@ -168,9 +169,9 @@ def render(documents: Sequence[dict[str, Any]]) -> Table:
             )  # fmt: skip
             continue
         role = doc.get("role") or "—"
-        if role in ("egress", "ingress"):
+        if role in (SidecarRole.EGRESS, SidecarRole.INGRESS):
             role = f"[bold green]{role}[/]"
-        elif role == "minority":
+        elif role == SidecarRole.MINORITY:
             role = f"[bold red]{role}[/]"
         link = doc.get("link_state") or "—"
         link_style = {"up": "green", "down": "red", "refused": "yellow"}.get(link, "")
