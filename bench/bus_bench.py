@@ -321,7 +321,7 @@ def main() -> int:
     if args.command == "member":
         return member_main(args)
 
-    from deploy.lab.netns import CorosyncSite, lab_unavailable_reason
+    from lab.netns import CorosyncSite, lab_unavailable_reason
 
     sizes = [int(size) for size in args.sizes.split(",")]
     counts = {size: int(SIZES.get(size, 3000) * args.scale) for size in sizes}

@@ -13,10 +13,9 @@ from cluster.node import BrokerConfig
 from gateway.cli import main
 from gateway.config import load_broker_config, load_sidecar_config
 from gateway.sidecar import SidecarConfig
+from lab.site import LAB_RULES
 from protocol.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
-LAB_RULES = REPO / "deploy" / "rules" / "lab.yaml"
 
 BROKER = """\
 cluster: site-p
