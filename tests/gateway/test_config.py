@@ -16,7 +16,6 @@ from gateway.sidecar import SidecarConfig
 from lab.site import LAB_RULES
 from protocol.errors import ConfigError
 
-
 BROKER = """\
 cluster: site-p
 node: 2
