@@ -71,6 +71,7 @@ def member_main(args: argparse.Namespace) -> int:
 async def framework_member(args: argparse.Namespace) -> int:
     import trio
 
+    from cluster.addresses import parse_address
     from cluster.bus import BusConfig, Delivery, ViewChange, corosync, open_bus
     from protocol.modes import Role
 
@@ -80,7 +81,8 @@ async def framework_member(args: argparse.Namespace) -> int:
         # loop sends: what the framework costs, without packing's gain.
         backend = "corosync"
         corosync.PACK_MAX_ITEMS = 1
-    config = BusConfig(backend, args.group, args.node, args.address)
+    address = None if args.address is None else parse_address(args.address, key="--address")
+    config = BusConfig(backend, args.group, args.node, address)
     payload = b"x" * args.size
     async with open_bus(config, role=Role.ADMIN) as member:
         got = 0

@@ -39,9 +39,11 @@ from typing import Any
 
 import trio
 
+from cluster.addresses import Address
 from cluster.bus import BusConfig, MemberId, ViewChange
 from cluster.node import SiteMember
 from cluster.state.views import applied
+from cluster.tls import TlsFiles, client_context, server_context
 from filters.matcher import RuleSet
 from gateway import resync as rs
 from gateway.capture import CaptureConfig, CaptureSink, capture_role
@@ -75,16 +77,14 @@ class SidecarConfig:
     node: int
     bus: BusConfig
     peer_cluster: str  # the other site's cluster id
-    peers: tuple[str, ...]  # the other site's sidecar link addresses, in order (P)
-    listen: str | None  # link listen address (D)
+    peers: tuple[Address, ...]  # the other site's sidecar link addresses, in order (P)
+    listen: Address | None  # link listen address (D)
     spool_dir: str
     spool_max_bytes: int
     fsync: str
     rules: RuleSet
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_ca: str | None = None
-    metrics: str | None = None
+    tls: TlsFiles | None = None
+    metrics: Address | None = None
     capture: CaptureConfig | None = None
 
 
@@ -111,11 +111,6 @@ def link_error_in(exc: BaseException) -> LinkError | None:
             if found is not None:
                 return found
     return None
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 class Sidecar(SiteMember):
@@ -313,8 +308,8 @@ class Sidecar(SiteMember):
                 nursery.start_soon(self._watch_rules)
             else:
                 assert self.config.listen is not None
-                host, port = _split(self.config.listen)
-                self.link_port = await nursery.start(self._serve_ingress, host, port)
+                listen = self.config.listen
+                self.link_port = await nursery.start(self._serve_ingress, listen.host, listen.port)
             log.info("sidecar ready role=%s cseq=%d", self.current_role(), self.state.cseq)
             task_status.started()
 
@@ -339,20 +334,10 @@ class Sidecar(SiteMember):
                 await self.submit(pc.RulesSwitch(payload.to_bytes()))
 
     def _client_ssl(self) -> ssl.SSLContext | None:
-        if self.config.tls_cert is None:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.config.tls_ca)
-        context.load_cert_chain(self.config.tls_cert, self.config.tls_key)
-        context.check_hostname = False
-        return context
+        return None if self.config.tls is None else client_context(self.config.tls)
 
     def _server_ssl(self) -> ssl.SSLContext | None:
-        if self.config.tls_cert is None:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.config.tls_ca)
-        context.load_cert_chain(self.config.tls_cert, self.config.tls_key)
-        context.verify_mode = ssl.CERT_REQUIRED
-        return context
+        return None if self.config.tls is None else server_context(self.config.tls)
 
     # ------------------------------------------------------------------
     # Egress (P)
@@ -366,18 +351,18 @@ class Sidecar(SiteMember):
                 self.link_state = "down" if self.current_role() != "minority" else "minority"
                 await self._role_changed.wait()
                 continue
-            address = self.config.peers[index % len(self.config.peers)]
+            peer = self.config.peers[index % len(self.config.peers)]
+            address = str(peer)
             index += 1
             try:
                 with trio.move_on_after(CONNECT_TIMEOUT_S) as scope:
                     self.link_state = "connecting"
-                    host, port = _split(address)
-                    stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+                    stream: trio.abc.Stream = await trio.open_tcp_stream(peer.host, peer.port)
                 if scope.cancelled_caught:
                     raise OSError(f"connect to {address} timed out")
                 context = self._client_ssl()
                 if context is not None:
-                    stream = trio.SSLStream(stream, context, server_hostname=host)
+                    stream = trio.SSLStream(stream, context, server_hostname=peer.host)
                     await stream.do_handshake()
                 self.peer = address
                 await self._run_egress(stream, address)
