@@ -314,21 +314,17 @@ class TwoSites(Started):
                 "site-d", nodes=nodes, subnet="10.213.21", prefix="dgD", token_ms=TWO_SITE_TOKEN_MS
             )
             self.labs = [p_lab, d_lab]
-        self.p = BrokerSite(
-            "site-p",
-            nodes=nodes,
-            workdir=self.workdir / "p",
-            group="site-p",
-            backend=bus,
-            corosync=p_lab,
-        )
-        self.d = BrokerSite(
-            "site-d",
-            nodes=nodes,
-            workdir=self.workdir / "d",
-            group="site-d",
-            backend=bus,
-            corosync=d_lab,
+        # Each site's bus group is its cluster id; its files go in WORKDIR/p or WORKDIR/d.
+        self.p, self.d = (
+            BrokerSite(
+                cluster,
+                nodes=nodes,
+                workdir=self.workdir / cluster.removeprefix("site-"),
+                group=cluster,
+                backend=bus,
+                corosync=corosync,
+            )
+            for cluster, corosync in (("site-p", p_lab), ("site-d", d_lab))
         )
         self.nodes = list(range(1, nodes + 1))
         self.delay_ms = delay_ms
