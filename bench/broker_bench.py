@@ -4,9 +4,9 @@
 
 For each bus backend (``embedded`` always; ``corosync`` when this process is
 root and corosync is installed, in network namespaces via
-:class:`deploy.lab.netns.CorosyncSite`) and for each site size (3 brokers,
-then 1), the benchmark starts a site (deploy/lab/site.py), declares a queue
-and times Proton client processes (deploy/lab/client.py, Container API, up
+:class:`lab.netns.CorosyncSite`) and for each site size (3 brokers,
+then 1), the benchmark starts a site (lab/site.py), declares a queue
+and times Proton client processes (lab/client.py, Container API, up
 to 100 unsettled messages in flight):
 
 * publish: COUNT messages to the queue through node 1, each settled by the
@@ -38,8 +38,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deploy.lab.netns import CorosyncSite, lab_unavailable_reason  # noqa: E402
-from deploy.lab.site import BrokerSite  # noqa: E402
+from lab.netns import CorosyncSite, lab_unavailable_reason  # noqa: E402
+from lab.site import BrokerSite  # noqa: E402
 
 COUNT = 5000
 WARMUP = 10

@@ -71,6 +71,7 @@ def member_main(args: argparse.Namespace) -> int:
 async def framework_member(args: argparse.Namespace) -> int:
     import trio
 
+    from cluster.addresses import parse_address
     from cluster.bus import BusConfig, Delivery, ViewChange, corosync, open_bus
     from protocol.modes import Role
 
@@ -80,7 +81,8 @@ async def framework_member(args: argparse.Namespace) -> int:
         # loop sends: what the framework costs, without packing's gain.
         backend = "corosync"
         corosync.PACK_MAX_ITEMS = 1
-    config = BusConfig(backend, args.group, args.node, args.address)
+    address = None if args.address is None else parse_address(args.address, key="--address")
+    config = BusConfig(backend, args.group, args.node, address)
     payload = b"x" * args.size
     async with open_bus(config, role=Role.ADMIN) as member:
         got = 0
@@ -321,7 +323,7 @@ def main() -> int:
     if args.command == "member":
         return member_main(args)
 
-    from deploy.lab.netns import CorosyncSite, lab_unavailable_reason
+    from lab.netns import CorosyncSite, lab_unavailable_reason
 
     sizes = [int(size) for size in args.sizes.split(",")]
     counts = {size: int(SIZES.get(size, 3000) * args.scale) for size in sizes}

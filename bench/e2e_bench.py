@@ -3,7 +3,7 @@
     .venv/bin/python bench/e2e_bench.py                 # embedded bus, loopback, no root
     .venv/bin/python bench/e2e_bench.py --corosync      # also the corosync bus ceiling (root)
 
-Setup: deploy.lab.site.TwoSites (3 brokers + 3 sidecars per site, embedded
+Setup: lab.site.TwoSites (3 brokers + 3 sidecars per site, embedded
 bus), one WAN emulator per D sidecar with 25 ms one-way delay.  One
 ``enqueue`` queue is declared at P; D consumes it.
 
@@ -58,7 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from deploy.lab.site import TwoSites, finish_client  # noqa: E402
+from lab.site import TwoSites, finish_client  # noqa: E402
 
 LOADS = [50, 100, 200, 500, 1000, 2000, 4000, 8000]
 # One paced Proton publisher process sends at most this many messages a second
@@ -167,7 +167,7 @@ def bus_ceiling(backend: str, count: int) -> float:
             sequencer.wait()
             if sequencer.stdout is not None:
                 sequencer.stdout.close()
-    from deploy.lab.netns import CorosyncSite
+    from lab.netns import CorosyncSite
 
     with CorosyncSite("e2eceil", nodes=3, subnet="10.213.31", prefix="dgE") as site:
         argvs = [
@@ -257,7 +257,7 @@ def main() -> int:
     print("embedded bus ceiling (3 members, 200 B) ...", flush=True)
     ceiling = {"embedded": bus_ceiling("embedded", 20000)}
     if args.corosync:
-        from deploy.lab.netns import lab_unavailable_reason
+        from lab.netns import lab_unavailable_reason
 
         reason = lab_unavailable_reason()
         if reason is None:

@@ -32,7 +32,6 @@ import functools
 import itertools
 import json
 import logging
-import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +40,7 @@ import trio
 from proton import Message
 
 from cluster import state as st
+from cluster.addresses import Address
 from cluster.amqp import (
     ACCEPTED,
     Accepted,
@@ -58,6 +58,7 @@ from cluster.bus import BusConfig, MemberId, ViewChange
 from cluster.member import NullObserver, SiteMember
 from cluster.state.model import SiteState
 from cluster.statistics import BusSection, NodeStatistics
+from cluster.tls import TlsFiles, server_context
 from protocol import cluster as pc
 from protocol.errors import DrgateError
 from protocol.modes import Role
@@ -74,6 +75,10 @@ ADMIN_ADDRESS = "$drgate.admin"
 QUEUES_ADDRESS = "$drgate.queues"
 
 
+# A broker built without a config file (tests) listens on loopback only.
+LOOPBACK_AMQP = Address("127.0.0.1", 5672)
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
     """A broker's settings, built once at start-up (see gateway/config.py)."""
@@ -81,12 +86,9 @@ class BrokerConfig:
     cluster: str
     node: int
     bus: BusConfig
-    amqp_host: str = "127.0.0.1"
-    amqp_port: int = 5672
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_ca: str | None = None
-    metrics: str | None = None  # observability HOST:PORT (served by gateway/commands/broker.py)
+    amqp: Address = LOOPBACK_AMQP  # the AMQP listener
+    tls: TlsFiles | None = None  # mutual TLS for AMQP clients; None: plain TCP
+    metrics: Address | None = None  # observability (served by gateway/commands/broker.py)
 
 
 @dataclass(slots=True)
@@ -119,13 +121,14 @@ class BrokerNode(NullObserver):
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.member.serve)
+            tls = self.config.tls
             port = await nursery.start(
                 functools.partial(
                     serve_amqp,
                     self,
-                    self.config.amqp_host,
-                    self.config.amqp_port,
-                    ssl_context=server_ssl_context(self.config),
+                    self.config.amqp.host,
+                    self.config.amqp.port,
+                    ssl_context=None if tls is None else server_context(tls),
                 )
             )
             log.info(
@@ -530,16 +533,6 @@ def _plain(value: Any) -> pc.Value:
     if isinstance(value, bytes):
         return bytes(value)
     return str(value)
-
-
-def server_ssl_context(config: BrokerConfig) -> ssl.SSLContext | None:
-    """Mutual TLS for clients when the config names certificate files."""
-    if config.tls_cert is None:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=config.tls_ca)
-    context.load_cert_chain(config.tls_cert, config.tls_key)
-    context.verify_mode = ssl.CERT_REQUIRED
-    return context
 
 
 # ----------------------------------------------------------------------

@@ -27,8 +27,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from cluster.addresses import Address, parse_address
 from cluster.bus import BusConfig
 from cluster.node import BrokerConfig
+from cluster.tls import TlsFiles
 from filters.yamldoc import Node, Problems, check_keys, expect_int, expect_str, parse
 from gateway.capture import load_capture
 from gateway.sidecar import SidecarConfig
@@ -37,7 +39,8 @@ from protocol.errors import ConfigError, Location, Problem, RulesError
 BUS_BACKENDS = ("embedded", "corosync")
 # The default group name: one site, one bus group.
 DEFAULT_GROUP = "drgate"
-DEFAULT_AMQP = "0.0.0.0:5672"
+# Every interface, the AMQP port: a broker serves the clients of its site.
+DEFAULT_AMQP = Address("0.0.0.0", 5672)
 
 
 def read_text(path: str) -> str:
@@ -59,14 +62,68 @@ def beside(config_path: str, value: str) -> str:
     return str(Path(config_path).resolve().parent / value)
 
 
-def parse_hostport(text: str, node: Node, problems: Problems, *, what: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        problems.error(
-            node.location, f"{what} must be HOST:PORT, got {text!r}", "for example 127.0.0.1:5672"
-        )
-        return "", 0
-    return host.strip("[]"), int(port)
+def read_top_level(
+    path: str,
+    text: str | None,
+    *,
+    what: str,
+    required: tuple[str, ...],
+    optional: tuple[str, ...],
+) -> tuple[Problems, Node, dict[str, Node]]:
+    """The config in ``path`` (or ``text``) parsed: the problems found so far,
+    the root and its top-level keys.  Raises :class:`ConfigError` when the
+    file cannot be read or its top level is not a mapping of known keys."""
+    if text is None:
+        text = read_text(path)
+    problems = Problems()
+    root = parse(text, path, error=ConfigError)
+    fields = check_keys(root, problems, what=what, required=required, optional=optional)
+    if fields is None:
+        problems.raise_if_any(ConfigError)
+        raise AssertionError("unreachable")
+    return problems, root, fields
+
+
+def load_node_id(fields: dict[str, Node], problems: Problems) -> int | None:
+    """``node``: the corosync nodeid, a u32 other than 0."""
+    if "node" not in fields:
+        return None
+    return expect_int(fields["node"], problems, what="'node'", minimum=1, maximum=2**32 - 1)
+
+
+def load_address(node: Node, problems: Problems, *, what: str) -> Address | None:
+    """The ``HOST:PORT`` at ``node`` (:func:`cluster.addresses.parse_address`),
+    or None with the mistake added to ``problems``."""
+    text = expect_str(node, problems, what=what)
+    if text is None:
+        return None
+    try:
+        return parse_address(text, key=what, location=node.location)
+    except ConfigError as exc:
+        problems.items.extend(exc.problems)
+        return None
+
+
+def load_tls(node: Node, problems: Problems, *, path: str, key: str) -> TlsFiles | None:
+    """The ``{cert, key, ca}`` mapping at config key ``key``: each a PEM file,
+    relative to the config file ``path``; None with the mistakes added to
+    ``problems``."""
+    fields = check_keys(node, problems, what=f"'{key}'", required=("cert", "key", "ca"))
+    files: dict[str, str] = {}
+    for name, value in (fields or {}).items():
+        text = expect_str(value, problems, what=f"'{key}.{name}'")
+        if text is None:
+            continue
+        files[name] = beside(path, text)
+        if not Path(files[name]).is_file():
+            problems.error(
+                value.location,
+                f"'{key}.{name}' names {files[name]!r}, which is not a file",
+                "give the path of a PEM file",
+            )
+    if set(files) != {"cert", "key", "ca"}:
+        return None
+    return TlsFiles(cert=files["cert"], key=files["key"], ca=files["ca"])
 
 
 def load_bus(node: Node, problems: Problems, *, node_id: int) -> BusConfig | None:
@@ -92,9 +149,7 @@ def load_bus(node: Node, problems: Problems, *, node_id: int) -> BusConfig | Non
         group = expect_str(fields["group"], problems, what="'bus.group'") or DEFAULT_GROUP
     address = None
     if "address" in fields:
-        address = expect_str(fields["address"], problems, what="'bus.address'")
-        if address is not None:
-            parse_hostport(address, fields["address"], problems, what="'bus.address'")
+        address = load_address(fields["address"], problems, what="'bus.address'")
     if backend == "embedded" and address is None and "address" not in fields:
         problems.error(
             node.location,
@@ -108,57 +163,30 @@ def load_bus(node: Node, problems: Problems, *, node_id: int) -> BusConfig | Non
 
 def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
     """The broker config in ``path`` (or ``text``), or :class:`ConfigError`."""
-    if text is None:
-        text = read_text(path)
-    problems = Problems()
-    root = parse(text, path, error=ConfigError)
-    fields = check_keys(
-        root,
-        problems,
+    problems, _, fields = read_top_level(
+        path,
+        text,
         what="the broker config",
         required=("cluster", "node", "bus"),
         optional=("amqp", "metrics"),
     )
-    if fields is None:
-        problems.raise_if_any(ConfigError)
-        raise AssertionError("unreachable")
     cluster = (
         expect_str(fields["cluster"], problems, what="'cluster'") if "cluster" in fields else None
     )
-    node_id = (
-        expect_int(fields["node"], problems, what="'node'", minimum=1, maximum=2**32 - 1)
-        if "node" in fields
-        else None
-    )
+    node_id = load_node_id(fields, problems)
     bus = load_bus(fields["bus"], problems, node_id=node_id or 0) if "bus" in fields else None
-    host, port = "0.0.0.0", 5672
-    tls: dict[str, str] = {}
+    amqp_listen, tls = DEFAULT_AMQP, None
     if "amqp" in fields:
         amqp = check_keys(fields["amqp"], problems, what="'amqp'", optional=("listen", "tls"))
         if amqp is not None and "listen" in amqp:
-            listen = expect_str(amqp["listen"], problems, what="'amqp.listen'")
-            if listen is not None:
-                host, port = parse_hostport(listen, amqp["listen"], problems, what="'amqp.listen'")
-        if amqp is not None and "tls" in amqp:
-            tls_fields = check_keys(
-                amqp["tls"], problems, what="'amqp.tls'", required=("cert", "key", "ca")
+            amqp_listen = (
+                load_address(amqp["listen"], problems, what="'amqp.listen'") or amqp_listen
             )
-            for key, value in (tls_fields or {}).items():
-                text_value = expect_str(value, problems, what=f"'amqp.tls.{key}'")
-                if text_value is not None:
-                    text_value = beside(path, text_value)
-                    if not Path(text_value).is_file():
-                        problems.error(
-                            value.location,
-                            f"'amqp.tls.{key}' names {text_value!r}, which is not a file",
-                            "give the path of a PEM file",
-                        )
-                    tls[key] = text_value
+        if amqp is not None and "tls" in amqp:
+            tls = load_tls(amqp["tls"], problems, path=path, key="amqp.tls")
     metrics = None
     if "metrics" in fields:
-        metrics = expect_str(fields["metrics"], problems, what="'metrics'")
-        if metrics is not None:
-            parse_hostport(metrics, fields["metrics"], problems, what="'metrics'")
+        metrics = load_address(fields["metrics"], problems, what="'metrics'")
     problems.raise_if_any(ConfigError)
     if cluster is None or node_id is None or bus is None:
         raise AssertionError("a missing value was not reported as a problem")
@@ -166,11 +194,8 @@ def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
         cluster=cluster,
         node=node_id,
         bus=bus,
-        amqp_host=host,
-        amqp_port=port,
-        tls_cert=tls.get("cert"),
-        tls_key=tls.get("key"),
-        tls_ca=tls.get("ca"),
+        amqp=amqp_listen,
+        tls=tls,
         metrics=metrics,
     )
 
@@ -208,20 +233,13 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
     """
     from filters.rules import load_rules
 
-    if text is None:
-        text = read_text(path)
-    problems = Problems()
-    root = parse(text, path, error=ConfigError)
-    fields = check_keys(
-        root,
-        problems,
+    problems, root, fields = read_top_level(
+        path,
+        text,
         what="the sidecar config",
         required=SIDECAR_KEYS_REQUIRED,
         optional=SIDECAR_KEYS_OPTIONAL,
     )
-    if fields is None:
-        problems.raise_if_any(ConfigError)
-        raise AssertionError("unreachable")
 
     def text_of(key: str) -> str | None:
         return expect_str(fields[key], problems, what=f"'{key}'") if key in fields else None
@@ -230,27 +248,22 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
     role = text_of("role")
     if role is not None and role not in SITE_ROLES:
         problems.error(fields["role"].location, f"unknown role {role!r}", "use primary or dr")
-    node_id = (
-        expect_int(fields["node"], problems, what="'node'", minimum=1, maximum=2**32 - 1)
-        if "node" in fields
-        else None
-    )
+    node_id = load_node_id(fields, problems)
     bus = load_bus(fields["bus"], problems, node_id=node_id or 0) if "bus" in fields else None
     peer_cluster = text_of("peer_cluster")
-    peers: list[str] = []
+    peers: list[Address] = []
     if "peers" in fields:
         node = fields["peers"]
         if node.kind != "sequence" or not node.value:
             problems.error(node.location, "'peers' must be a non-empty list of HOST:PORT")
         else:
             for item in node.value:
-                value = expect_str(item, problems, what="each item of 'peers'")
-                if value is not None:
-                    parse_hostport(value, item, problems, what="each item of 'peers'")
-                    peers.append(value)
-    listen = text_of("listen")
-    if listen is not None:
-        parse_hostport(listen, fields["listen"], problems, what="'listen'")
+                peer = load_address(item, problems, what="each item of 'peers'")
+                if peer is not None:
+                    peers.append(peer)
+    listen = (
+        load_address(fields["listen"], problems, what="'listen'") if "listen" in fields else None
+    )
     if role == "primary" and not peers and "peers" not in fields:
         problems.error(root.location, "a primary sidecar needs 'peers' (D's sidecars, in order)")
     if role == "dr" and listen is None and "listen" not in fields:
@@ -294,23 +307,10 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         except (RulesError, ConfigError) as exc:
             for problem in exc.problems:
                 problems.items.append(problem)
-    metrics = text_of("metrics")
-    if metrics is not None:
-        parse_hostport(metrics, fields["metrics"], problems, what="'metrics'")
-    tls: dict[str, str] = {}
-    if "tls" in fields:
-        tls_fields = check_keys(
-            fields["tls"], problems, what="'tls'", required=("cert", "key", "ca")
-        )
-        for key, tls_node in (tls_fields or {}).items():
-            path_value = expect_str(tls_node, problems, what=f"'tls.{key}'")
-            if path_value is not None:
-                path_value = beside(path, path_value)
-                if not Path(path_value).is_file():
-                    problems.error(
-                        tls_node.location, f"'tls.{key}' names {path_value!r}, which is not a file"
-                    )
-                tls[key] = path_value
+    metrics = (
+        load_address(fields["metrics"], problems, what="'metrics'") if "metrics" in fields else None
+    )
+    tls = load_tls(fields["tls"], problems, path=path, key="tls") if "tls" in fields else None
     capture = load_capture(fields["capture"], problems) if "capture" in fields else None
     if capture is not None:
         capture = dataclasses.replace(capture, directory=beside(path, capture.directory))
@@ -329,9 +329,7 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         spool_max_bytes=spool_max,
         fsync=fsync,
         rules=rules,
-        tls_cert=tls.get("cert"),
-        tls_key=tls.get("key"),
-        tls_ca=tls.get("ca"),
+        tls=tls,
         metrics=metrics,
         capture=capture,
     )

@@ -1,6 +1,6 @@
 """The two-site demo (``drgate demo``, ``make demo``): replication you can watch.
 
-Theory of operation: :class:`deploy.lab.site.TwoSites` starts site P and
+Theory of operation: :class:`lab.site.TwoSites` starts site P and
 site D (three brokers and three sidecars each, on the embedded bus, loopback)
 joined by one WAN emulator per D sidecar with a one-way delay.  Queues in all
 four modes are declared at P; Proton client processes publish to each of them
@@ -38,8 +38,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from deploy.lab.client import Describer
-from deploy.lab.site import SiteError, TwoSites, finish_client
+from lab.client import Describer
+from lab.site import SiteError, TwoSites, finish_client
 
 # The queues of the demo, one per mode.
 QUEUES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring", "q-none": "none"}

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from cluster.addresses import Address
 from cluster.member import SiteMember
 from gateway import resync as rs
 from gateway.capture import CaptureSink
@@ -67,7 +68,7 @@ READ_BYTES = 1 << 16
 # How long the loop waits when the link machine has no deadline.
 IDLE_WAIT_S = 1.0
 
-Connector = Callable[[str], Awaitable[trio.abc.Stream]]
+Connector = Callable[[Address], Awaitable[trio.abc.Stream]]
 
 
 def describe_error(exc: BaseException) -> str:
@@ -180,11 +181,12 @@ class Egress:
                 self.status.state = "minority" if role == SidecarRole.MINORITY else "down"
                 await self._roles.wait()
                 continue
-            address = peers[index % len(peers)]
+            peer = peers[index % len(peers)]
+            address = str(peer)
             index += 1
             try:
                 self.status.state = "connecting"
-                stream = await self._connect(address)
+                stream = await self._connect(peer)
                 self.status.peer = address
                 await self._run(stream, address)
                 backoff = BACKOFF_MIN_S

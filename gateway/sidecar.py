@@ -20,7 +20,6 @@ A sidecar in a non-quorate view does nothing: no egress, no ingress.
 from __future__ import annotations
 
 import logging
-import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,11 +27,13 @@ from pathlib import Path
 
 import trio
 
+from cluster.addresses import Address
 from cluster.bus import BusConfig, MemberId, ViewChange
 from cluster.member import NullObserver, SiteMember
 from cluster.state.effects import Effect
 from cluster.state.model import SiteState
 from cluster.statistics import BusSection
+from cluster.tls import TlsFiles, client_context, server_context
 from filters.matcher import RuleSet
 from gateway.capture import CaptureConfig, CaptureSink, capture_role
 from gateway.egress import CONNECT_TIMEOUT_S, Egress
@@ -62,22 +63,15 @@ class SidecarConfig:
     node: int
     bus: BusConfig
     peer_cluster: str  # the other site's cluster id
-    peers: tuple[str, ...]  # the other site's sidecar link addresses, in order (P)
-    listen: str | None  # link listen address (D)
+    peers: tuple[Address, ...]  # the other site's sidecar link addresses, in order (P)
+    listen: Address | None  # link listen address (D)
     spool_dir: str
     spool_max_bytes: int
     fsync: str
     rules: RuleSet
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_ca: str | None = None
-    metrics: str | None = None
+    tls: TlsFiles | None = None
+    metrics: Address | None = None
     capture: CaptureConfig | None = None
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 class Sidecar(NullObserver):
@@ -121,7 +115,7 @@ class Sidecar(NullObserver):
                 self.member,
                 role=self.current_role,
                 active=self.active_sidecar,
-                ssl_context=self._server_ssl(),
+                ssl_context=None if config.tls is None else server_context(config.tls),
             )
 
     @property
@@ -260,8 +254,8 @@ class Sidecar(NullObserver):
                 nursery.start_soon(self._watch_rules)
             else:
                 assert self.ingress is not None and self.config.listen is not None
-                host, port = _split(self.config.listen)
-                await nursery.start(self.ingress.serve, host, port)
+                listen = self.config.listen
+                await nursery.start(self.ingress.serve, listen.host, listen.port)
             log.info("sidecar ready role=%s cseq=%d", self.current_role(), self.state.cseq)
             task_status.started()
 
@@ -285,34 +279,17 @@ class Sidecar(NullObserver):
             if payload is not None:
                 await self.member.submit(pc.RulesSwitch(payload.to_bytes()))
 
-    async def _connect(self, address: str) -> trio.abc.Stream:
+    async def _connect(self, address: Address) -> trio.abc.Stream:
         """A connection to one of D's sidecars, TLS when configured."""
-        host, port = _split(address)
         with trio.move_on_after(CONNECT_TIMEOUT_S):
-            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
-            context = self._client_ssl()
-            if context is None:
+            stream: trio.abc.Stream = await trio.open_tcp_stream(address.host, address.port)
+            if self.config.tls is None:
                 return stream
-            ssl_stream = trio.SSLStream(stream, context, server_hostname=host)
+            context = client_context(self.config.tls)
+            ssl_stream = trio.SSLStream(stream, context, server_hostname=address.host)
             await ssl_stream.do_handshake()
             return ssl_stream
         raise OSError(f"connect to {address} timed out")
-
-    def _client_ssl(self) -> ssl.SSLContext | None:
-        if self.config.tls_cert is None:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.config.tls_ca)
-        context.load_cert_chain(self.config.tls_cert, self.config.tls_key)
-        context.check_hostname = False
-        return context
-
-    def _server_ssl(self) -> ssl.SSLContext | None:
-        if self.config.tls_cert is None:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.config.tls_ca)
-        context.load_cert_chain(self.config.tls_cert, self.config.tls_key)
-        context.verify_mode = ssl.CERT_REQUIRED
-        return context
 
     # ------------------------------------------------------------------
 

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from deploy.lab.netns import CorosyncSite, lab_unavailable_reason, list_netns
+from lab.netns import CorosyncSite, lab_unavailable_reason, list_netns
 
 if TYPE_CHECKING:
-    from deploy.lab.site import TwoSites
+    from lab.site import TwoSites
 
 DEADLINE_S = 60.0
 POLL_S = 0.1

@@ -22,6 +22,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from cluster.addresses import Address
+
 
 @dataclass(frozen=True, slots=True, order=True)
 class MemberId:
@@ -63,7 +65,7 @@ class BusConfig:
     backend: str  # "embedded" | "corosync"
     group: str
     node: int  # this node's id (embedded needs it; corosync reads its own nodeid and checks)
-    address: str | None = None  # embedded: "HOST:PORT" of the sequencer
+    address: Address | None = None  # embedded: the sequencer
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,20 +119,3 @@ class SupportsStatistics(Protocol):
     """Backends also expose :class:`BusStatistics` (not part of ``BusMember``)."""
 
     def statistics(self) -> BusStatistics: ...
-
-
-def parse_address(address: str | None) -> tuple[str, int]:
-    """``"HOST:PORT"`` -> ``(host, port)``; raises ``BusError`` naming the fix."""
-    from protocol.errors import BusError
-
-    if not address or ":" not in address:
-        raise BusError(
-            f"embedded bus address {address!r} is not HOST:PORT; "
-            "give the address `drgate bus --listen` printed"
-        )
-    host, _, port = address.rpartition(":")
-    try:
-        port_number = int(port)
-    except ValueError:
-        raise BusError(f"embedded bus address {address!r}: port {port!r} is not a number") from None
-    return host.strip("[]"), port_number

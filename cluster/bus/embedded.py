@@ -48,7 +48,6 @@ from cluster.bus.contract import (
     Delivery,
     MemberId,
     ViewChange,
-    parse_address,
 )
 from protocol.errors import BusError, RemoteProtocolError
 from protocol.modes import Role
@@ -549,9 +548,13 @@ class EmbeddedMember:
 @asynccontextmanager
 async def open_embedded_member(config: BusConfig, *, role: Role) -> AsyncIterator[EmbeddedMember]:
     """Join the embedded bus at ``config.address``; leave on exit."""
-    host, port = parse_address(config.address)
+    if config.address is None:
+        raise BusError(
+            "the embedded bus needs the sequencer's address; "
+            "give the address `drgate bus --listen` printed"
+        )
     try:
-        stream = await trio.open_tcp_stream(host, port)
+        stream = await trio.open_tcp_stream(config.address.host, config.address.port)
     except OSError as exc:
         raise BusError(
             f"cannot reach the embedded bus sequencer at {config.address} ({exc}); "

@@ -13,8 +13,9 @@ import sys
 
 import trio
 
-from cluster.bus.contract import parse_address
+from cluster.addresses import Address, parse_address
 from cluster.bus.embedded import serve_sequencer
+from protocol.errors import ConfigError
 
 NAME = "bus"
 HELP = "run the embedded site bus sequencer (tests and single machine; not production)"
@@ -24,15 +25,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--listen",
         default="127.0.0.1:0",
+        type=_listen_address,
         metavar="HOST:PORT",
         help="address to listen on; port 0 picks a free one (default: %(default)s)",
     )
     parser.add_argument("--group", required=True, metavar="NAME", help="the bus group served")
 
 
+def _listen_address(text: str) -> Address:
+    """``--listen`` parsed as a config address is, its mistake shown as argparse shows one."""
+    try:
+        return parse_address(text, key="--listen")
+    except ConfigError as exc:
+        problem = exc.problems[0]
+        raise argparse.ArgumentTypeError(f"{problem.message} ({problem.hint})") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    host, port = parse_address(args.listen)
-    trio.run(_serve, host, port, args.group)
+    trio.run(_serve, args.listen.host, args.listen.port, args.group)
     return 0
 
 

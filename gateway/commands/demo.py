@@ -4,43 +4,21 @@ See gateway/demo.py for what it does.  Runs on the embedded bus over
 loopback; needs no root.  Exit status 0 when every invariant held, 1 when
 one did not, 130 when interrupted (every process it started is stopped).
 
-The lab (``deploy/``) lives in the source tree, not in the installed
-package: it is imported when the command runs, never when the CLI starts, so
-a missing lab cannot break the other commands.
+The demo and the lab (the ``lab`` package) are imported when the command
+runs, not when the CLI starts: the other commands need neither rich's live
+view nor Proton's client.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
-
-from protocol.errors import DrgateError
 
 NAME = "demo"
 HELP = "run the two-site demo: replication, a killed egress, invariants checked"
-# Kept equal to gateway.demo's defaults (that module imports the lab, see above).
+# Kept equal to gateway.demo's defaults (imported only when the command runs, see above).
 DEFAULT_DURATION_S = 30.0
 DEFAULT_RATE = 50.0
-
-
-class LabMissingError(DrgateError):
-    """The lab (deploy/lab) is not importable: drgate was installed without its source tree."""
-
-
-def ensure_lab_importable() -> None:
-    """Put the source tree on sys.path when deploy/ is beside the gateway package."""
-    if importlib.util.find_spec("deploy") is not None:
-        return
-    root = Path(__file__).resolve().parents[2]
-    if (root / "deploy" / "lab" / "site.py").is_file():
-        sys.path.insert(0, str(root))
-        return
-    raise LabMissingError(
-        f"the lab (deploy/lab) is not next to {root / 'gateway'}; run drgate demo and "
-        "drgate lab from a source checkout (make demo)"
-    )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -63,7 +41,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    ensure_lab_importable()
     from gateway.demo import DemoOptions, run_demo
 
     options = DemoOptions(

@@ -10,7 +10,7 @@ writes ``WORKDIR/lab.json`` and stays in the foreground until Ctrl-C or
 
 ``--bus embedded`` (the default) runs on loopback without root.
 ``--bus corosync`` (root) runs each site on three corosync daemons in network
-namespaces (deploy/lab/netns.py), each site's bridge joined to the root
+namespaces (lab/netns.py), each site's bridge joined to the root
 namespace, where the WAN emulators run; brokers and sidecars run inside their
 node's namespace.
 """
@@ -27,7 +27,6 @@ from typing import Any
 
 from rich.console import Console
 
-from gateway.commands.demo import ensure_lab_importable
 from protocol.errors import DrgateError
 
 NAME = "lab"
@@ -35,7 +34,7 @@ HELP = "start, inspect or stop the two-site lab (embedded bus, or corosync as ro
 DEFAULT_WORKDIR = Path("/tmp/drgate-lab")
 STATE_FILE = "lab.json"
 # How long `lab down` waits for `lab up` to stop its processes (each gets
-# SIGTERM then SIGKILL after 10 s, see deploy/lab/site.py).
+# SIGTERM then SIGKILL after 10 s, see lab/site.py).
 DOWN_TIMEOUT_S = 60.0
 
 
@@ -84,13 +83,12 @@ def _pid_alive(pid: int) -> bool:
 
 def corosync_missing() -> str | None:
     """Why `lab up --bus corosync` cannot run here, or None."""
-    from deploy.lab.netns import lab_unavailable_reason
+    from lab.netns import lab_unavailable_reason
 
     return lab_unavailable_reason()
 
 
 def _up(args: argparse.Namespace, state_path: Path) -> int:
-    ensure_lab_importable()
     if args.bus == "corosync":
         reason = corosync_missing()
         if reason:
@@ -104,8 +102,8 @@ def _up(args: argparse.Namespace, state_path: Path) -> int:
             )
         state_path.unlink()
 
-    from deploy.lab.site import SiteError, TwoSites
     from gateway.demo import QUEUES, WAN_DELAY_MS, sigterm_as_interrupt
+    from lab.site import SiteError, TwoSites
 
     console = Console()
     args.workdir.mkdir(parents=True, exist_ok=True)

@@ -14,25 +14,24 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import TYPE_CHECKING
 
 import trio
 
-from gateway.config import load_sidecar_config
+from gateway.commands._dr_site import configure_dr_site, load_dr_site
 from gateway.resync import open_admin_member, origin_summary
 from protocol import cluster as pc
 from protocol.errors import DrgateError
+
+if TYPE_CHECKING:
+    from gateway.sidecar import SidecarConfig
 
 NAME = "promote"
 HELP = "promote the DR site: raise the epoch, make full replicas writable, print the RPO"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", required=True, metavar="FILE", help="a D sidecar's config (bus and site)"
-    )
-    parser.add_argument(
-        "--origin", metavar="CLUSTER", help="the primary to promote over (default: peer_cluster)"
-    )
+    configure_dr_site(parser, origin_help="the primary to promote over")
     parser.add_argument(
         "--dry-run", action="store_true", help="print the figures without promoting"
     )
@@ -49,13 +48,7 @@ def _when(time_us: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_sidecar_config(args.config)
-    if config.primary:
-        raise DrgateError(
-            f"{args.config} is the config of a primary-site sidecar ({config.site}); "
-            "run drgate promote with a DR site's sidecar config"
-        )
-    origin = args.origin or config.peer_cluster
+    config, origin = load_dr_site(args, command=NAME)
     result: dict[str, object] = trio.run(_promote, config, origin, args.dry_run)
     if args.json:
         print(json.dumps(result, sort_keys=True))
@@ -82,10 +75,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _promote(config: object, origin: str, dry_run: bool) -> dict[str, object]:
-    from gateway.sidecar import SidecarConfig
-
-    assert isinstance(config, SidecarConfig)
+async def _promote(config: SidecarConfig, origin: str, dry_run: bool) -> dict[str, object]:
     async with open_admin_member(config.site, config.bus) as member:
         o = member.state.origins.get(origin)
         now_us = int(time.time() * 1e6)

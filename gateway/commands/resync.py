@@ -14,22 +14,24 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 import trio
 
-from gateway.config import load_sidecar_config
+from gateway.commands._dr_site import configure_dr_site, load_dr_site
 from gateway.resync import open_admin_member, origin_summary
 from protocol import cluster as pc
 from protocol.errors import DrgateError
+
+if TYPE_CHECKING:
+    from gateway.sidecar import SidecarConfig
 
 NAME = "resync"
 HELP = "accept a restarted primary's new incarnation, which re-seeds this DR site"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", required=True, metavar="FILE", help="a D sidecar's config (bus and site)"
-    )
+    configure_dr_site(parser, origin_help="the primary")
     parser.add_argument(
         "--accept-incarnation",
         required=True,
@@ -37,15 +39,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=lambda text: int(text, 0),
         help="the primary's new incarnation, as the link error names it",
     )
-    parser.add_argument("--origin", metavar="CLUSTER", help="the primary (default: peer_cluster)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_sidecar_config(args.config)
-    if config.primary:
-        raise DrgateError(f"{args.config} is a primary-site config; run this at the DR site")
-    origin = args.origin or config.peer_cluster
+    config, origin = load_dr_site(args, command=NAME)
     if args.accept_incarnation <= 0:
         raise DrgateError("--accept-incarnation must be the new incarnation (a positive number)")
     result = trio.run(_accept, config, origin, args.accept_incarnation)
@@ -60,10 +58,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _accept(config: object, origin: str, incarnation: int) -> dict[str, object]:
-    from gateway.sidecar import SidecarConfig
-
-    assert isinstance(config, SidecarConfig)
+async def _accept(config: SidecarConfig, origin: str, incarnation: int) -> dict[str, object]:
     async with open_admin_member(config.site, config.bus) as member:
         o = member.state.origins.get(origin)
         result = origin_summary(o)

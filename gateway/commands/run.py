@@ -9,21 +9,17 @@ import signal
 
 import trio
 
+from gateway.commands._service import configure_service, start_metrics, stop_on_signal
 from gateway.config import load_sidecar_config
-from gateway.logs import FORMATS, configure_logging
+from gateway.logs import configure_logging
 from gateway.sidecar import Sidecar, SidecarConfig
 
 NAME = "run"
 HELP = "run a sidecar: tap and egress at the primary site, ingress at the DR site"
-SHUTDOWN_GRACE_S = 5.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, metavar="FILE", help="sidecar config (YAML)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
-    parser.add_argument(
-        "--log-format", default="kv", choices=list(FORMATS), help="log lines: key=value or JSON"
-    )
+    configure_service(parser, config_help="sidecar config (YAML)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,15 +44,7 @@ async def serve_sidecar(config: SidecarConfig, *, log_format: str | None = None)
         async with trio.open_nursery() as nursery:
             await nursery.start(sidecar.serve)
             if config.metrics is not None:
-                from gateway.httpserver import serve_http
-
-                host, _, port = config.metrics.rpartition(":")
-                bound = await nursery.start(
-                    lambda task_status: serve_http(
-                        host, int(port), snapshot=sidecar.statistics, task_status=task_status
-                    )
-                )
-                print(f"drgate run: metrics on {host}:{bound}", flush=True)
+                await start_metrics(nursery, config.metrics, sidecar.statistics, command="run")
             if sidecar.link_port is not None:
                 print(f"drgate run: link listening on port {sidecar.link_port}", flush=True)
             print(
@@ -64,7 +52,4 @@ async def serve_sidecar(config: SidecarConfig, *, log_format: str | None = None)
                 f"role {sidecar.current_role()}",
                 flush=True,
             )
-            async for _ in signals:
-                nursery.cancel_scope.deadline = trio.current_time() + SHUTDOWN_GRACE_S
-                nursery.cancel_scope.cancel()
-                break
+            await stop_on_signal(signals, nursery)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from deploy.lab.site import TwoSites, finish_client
+from lab.site import TwoSites, finish_client
 from protocol.capture import CaptureReader, Stream
 from protocol.modes import Mode
 

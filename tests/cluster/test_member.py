@@ -13,6 +13,7 @@ from typing import Any
 import trio
 
 from cluster import state as st
+from cluster.addresses import Address
 from cluster.bus import BusConfig, MemberId, ViewChange
 from cluster.bus.embedded import serve_sequencer
 from cluster.member import CHUNK_BYTES, COMMAND_QUEUE, MemberObserver, NullObserver, SiteMember
@@ -70,7 +71,7 @@ class Recorder:
 async def open_site(group: str = "site") -> AsyncIterator[tuple[trio.Nursery, BusConfig]]:
     async with trio.open_nursery() as nursery:
         host, port = await nursery.start(serve_sequencer, "127.0.0.1", 0, group)
-        yield nursery, BusConfig("embedded", group, 1, f"{host}:{port}")
+        yield nursery, BusConfig("embedded", group, 1, Address(host, port))
         nursery.cancel_scope.cancel()
 
 

@@ -2,7 +2,7 @@
 
 Each test runs on the embedded bus and on three (or four) corosync daemons in
 network namespaces.  Brokers and clients are separate processes, started and
-stopped by pid (deploy/lab/site.py).
+stopped by pid (lab/site.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from deploy.lab.site import BrokerSite, finish_client
+from lab.site import BrokerSite, finish_client
 from tests.lab import BACKENDS, corosync_lab
 
 DEADLINE_S = 120.0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.lab.site import ROOT, TwoSites, finish_client
+from lab.site import ROOT, TwoSites, finish_client
 
 AGENT = ROOT / "deploy" / "pacemaker" / "drgate"
 OCF_SUCCESS, OCF_ERR_GENERIC, OCF_ERR_CONFIGURED = 0, 1, 6

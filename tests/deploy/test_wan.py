@@ -1,4 +1,4 @@
-"""The WAN emulator (deploy/lab/wan.py) in front of an echo server, over loopback.
+"""The WAN emulator (lab/wan.py) in front of an echo server, over loopback.
 
 Delays and rates are asserted on the proxy's own recorded schedule (arrival,
 release, permit times on trio's clock), plus lower bounds on elapsed time,
@@ -14,7 +14,7 @@ import os
 import pytest
 import trio
 
-from deploy.lab.wan import Direction, WanEmulator, apply_command, send_control, serve_wan
+from lab.wan import Direction, WanEmulator, apply_command, send_control, serve_wan
 
 pytestmark = pytest.mark.integration
 

@@ -11,6 +11,7 @@ from typing import Any
 import trio
 
 from cluster import state as st
+from cluster.addresses import Address
 from cluster.bus import BusConfig
 from filters.rules import load_rules
 from gateway.sidecar import SidecarConfig
@@ -38,10 +39,10 @@ def sidecar_config(tmp_path: Path, *, primary: bool, site: str, peer: str) -> Si
         site=site,
         primary=primary,
         node=1,
-        bus=BusConfig(backend="embedded", group=site, address="127.0.0.1:1", node=1),
+        bus=BusConfig(backend="embedded", group=site, address=Address("127.0.0.1", 1), node=1),
         peer_cluster=peer,
-        peers=("d1:1", "d2:1"),
-        listen=None if primary else "127.0.0.1:0",
+        peers=(Address("d1", 1), Address("d2", 1)),
+        listen=None if primary else Address("127.0.0.1", 0),
         spool_dir=str(tmp_path / "spool"),
         spool_max_bytes=1 << 20,
         fsync="never",

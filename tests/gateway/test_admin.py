@@ -186,7 +186,7 @@ def test_admin_commands_malformed_requests_raise_what_the_node_rejects(
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     # One site for the module's integration tests: starting one takes seconds.
-    from deploy.lab.site import BrokerSite
+    from lab.site import BrokerSite
 
     with BrokerSite("site-p", nodes=3, workdir=tmp_path_factory.mktemp("site")) as s:
         yield s

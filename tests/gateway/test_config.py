@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from cluster.addresses import Address
 from cluster.bus import BusConfig
 from cluster.node import BrokerConfig
+from cluster.tls import TlsFiles
 from gateway.cli import main
 from gateway.config import load_broker_config, load_sidecar_config
 from gateway.sidecar import SidecarConfig
+from lab.site import LAB_RULES
 from protocol.errors import ConfigError
-
-REPO = Path(__file__).resolve().parents[2]
-LAB_RULES = REPO / "deploy" / "rules" / "lab.yaml"
 
 BROKER = """\
 cluster: site-p
@@ -190,9 +190,10 @@ def test_valid_broker_config_builds_the_frozen_object(tmp_path: Path) -> None:
     assert config == BrokerConfig(
         cluster="site-p",
         node=2,
-        bus=BusConfig(backend="embedded", group="site-p", node=2, address="127.0.0.1:7400"),
-        amqp_host="0.0.0.0",
-        amqp_port=5673,
+        bus=BusConfig(
+            backend="embedded", group="site-p", node=2, address=Address("127.0.0.1", 7400)
+        ),
+        amqp=Address("0.0.0.0", 5673),
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.node = 3  # type: ignore[misc]
@@ -206,8 +207,8 @@ def test_broker_config_defaults_and_tls(tmp_path: Path) -> None:
     )
     config = load_broker_config("inline.yaml", text)
     assert config.bus == BusConfig(backend="corosync", group="drgate", node=7, address=None)
-    assert (config.amqp_host, config.amqp_port) == ("0.0.0.0", 5672)
-    assert (config.tls_cert, config.tls_key, config.tls_ca) == (str(pem), str(pem), str(pem))
+    assert config.amqp == Address("0.0.0.0", 5672)
+    assert config.tls == TlsFiles(cert=str(pem), key=str(pem), ca=str(pem))
 
 
 BAD_RULES = """\
@@ -365,15 +366,13 @@ def test_valid_sidecar_config_builds_the_frozen_object(tmp_path: Path) -> None:
         "node": 1,
         "bus": BusConfig(backend="corosync", group="drgate", node=1, address=None),
         "peer_cluster": "site-d",
-        "peers": ("10.0.1.1:7500", "10.0.1.2:7500"),
+        "peers": (Address("10.0.1.1", 7500), Address("10.0.1.2", 7500)),
         "listen": None,
         "spool_dir": "/var/lib/drgate/spool",
         "spool_max_bytes": 1048576,
         "fsync": "always",
-        "tls_cert": None,
-        "tls_key": None,
-        "tls_ca": None,
-        "metrics": "0.0.0.0:9464",
+        "tls": None,
+        "metrics": Address("0.0.0.0", 9464),
         "capture": None,
     }
     got = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "rules"}
@@ -405,12 +404,15 @@ def test_relative_paths_are_relative_to_the_config_file(
     # Only the absolute path is missing; the relative ones were found beside the file.
     assert [p.split(": error: ")[1] for p in problems_of(caught.value)] == [
         "'tls.ca' names '/etc/ssl/absolute-ca.pem', which is not a file"
+        " (hint: give the path of a PEM file)"
     ]
     path.write_text(text.replace("/etc/ssl/absolute-ca.pem", "ca.pem"))
     config = load_sidecar_config(str(path))
     assert config.spool_dir == str(folder / "spool")
     assert config.rules.path == str(folder / "rules.yaml")
-    assert config.tls_cert == str(folder / "node.pem")
+    assert config.tls == TlsFiles(
+        cert=str(folder / "node.pem"), key=str(folder / "node.key"), ca=str(folder / "ca.pem")
+    )
     assert config.capture is not None and config.capture.directory == str(folder / "capture")
 
 
@@ -422,10 +424,10 @@ def test_dr_sidecar_config_defaults(tmp_path: Path) -> None:
     )
     config = load_sidecar_config("d.yaml", text)
     assert not config.primary
-    assert config.listen == "0.0.0.0:7500"
+    assert config.listen == Address("0.0.0.0", 7500)
     assert config.peers == ()
     assert (config.fsync, config.spool_max_bytes) == ("batch", 1 << 30)
-    assert config.bus.address == "127.0.0.1:7401"
+    assert config.bus.address == Address("127.0.0.1", 7401)
 
 
 @pytest.mark.parametrize("command", ["broker", "run"])
@@ -446,3 +448,16 @@ def test_commands_exit_1_with_the_messages_and_no_traceback(
     assert "unknown key 'surplus'" in captured.err
     assert "Traceback" not in captured.err
     assert len(lines) == 2
+
+
+def test_ipv6_addresses_in_brackets_are_typed_once(tmp_path: Path) -> None:
+    text = (
+        "site: site-p\nrole: primary\nnode: 1\npeer_cluster: site-d\n"
+        "peers: ['[::1]:7500', '[fd00::2]:7500']\nmetrics: '[::]:9464'\n"
+        "bus: {backend: embedded, address: '[::1]:7401'}\n"
+        f"spool: {{directory: /tmp/spool}}\nrules: {LAB_RULES}\n"
+    )
+    config = load_sidecar_config("p.yaml", text)
+    assert config.peers == (Address("::1", 7500), Address("fd00::2", 7500))
+    assert config.metrics == Address("::", 9464)
+    assert config.bus.address == Address("::1", 7401)

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from deploy.lab.netns import list_netns
 from gateway.cli import main as drgate
 from gateway.demo import DemoOptions, run_demo
+from lab.netns import list_netns
 from tests.lab import corosync_unavailable
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import trio
 import trio.testing
 
+from cluster.addresses import Address
 from gateway.egress import Egress
 from gateway.roles import RoleSignal, SidecarRole
 from gateway.spool import Spool
@@ -45,9 +46,9 @@ class Site:
             connect=self.connect,
         )
 
-    async def connect(self, address: str) -> trio.abc.Stream:
+    async def connect(self, address: Address) -> trio.abc.Stream:
         ours, theirs = trio.testing.memory_stream_pair()
-        await self._send.send((address, theirs))
+        await self._send.send((str(address), theirs))
         return ours
 
     async def next_link(self) -> tuple[str, LinkEnd]:

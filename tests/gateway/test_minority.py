@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from deploy.lab.netns import CorosyncSite
-from deploy.lab.site import LAB_RULES, BrokerSite, drgate_argv
+from lab.netns import CorosyncSite
+from lab.site import LAB_RULES, BrokerSite, drgate_argv
 from tests.lab import corosync_lab, wait_for
 
 pytestmark = [pytest.mark.corosync, pytest.mark.integration, pytest.mark.slow, pytest.mark.e2e]

@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.lab.site import ROOT, Proc, TwoSites, drgate_argv, finish_client
 from gateway.spool import Spool
+from lab.site import ROOT, Proc, TwoSites, drgate_argv, finish_client
 from protocol import link
 from tests.lab import wait_for
 

@@ -2,7 +2,7 @@
 handshake, and a primary restarted from nothing (a new incarnation) refused
 until ``drgate resync --accept-incarnation``, which re-seeds D.
 
-Two sites of three brokers and three sidecars (deploy.lab.site.TwoSites).
+Two sites of three brokers and three sidecars (lab.site.TwoSites).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.lab.site import ROOT, TwoSites, drgate_argv, finish_client
+from lab.site import ROOT, TwoSites, drgate_argv, finish_client
 from tests.lab import converged, queues, status, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]

@@ -1,7 +1,7 @@
 """Resync end to end: a DR site seeded from nothing, a WAN cut in the middle of
 a resync, a rules switch that starts replicating a queue with messages on it.
 
-Two sites of three brokers and three sidecars (deploy.lab.site.TwoSites),
+Two sites of three brokers and three sidecars (lab.site.TwoSites),
 Proton clients.  P is started first and loaded, then D's sidecars join: D
 applied nothing of P's incarnation, so P's egress sends a snapshot cut at its
 cseq, then the stream from the cut.  Nothing may be lost or applied twice:
@@ -20,9 +20,9 @@ import pytest
 import trio
 
 from cluster import state as st
-from deploy.lab.site import LAB_RULES, TwoSites, finish_client
 from filters.rules import load_rules
 from gateway import resync as rs
+from lab.site import LAB_RULES, TwoSites, finish_client
 from protocol import cluster as pc
 from tests.lab import BUSES, converged, queues, require_bus, status, wait_for
 

@@ -1,7 +1,7 @@
 """Editing the rules file of a running primary site switches every tap at one
 cseq; a bad edit changes nothing and says where the mistake is.
 
-Two sites of three brokers and three sidecars (deploy.lab.site.TwoSites), the
+Two sites of three brokers and three sidecars (lab.site.TwoSites), the
 embedded bus, Proton clients.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.lab.site import LAB_RULES, TwoSites, finish_client
+from lab.site import LAB_RULES, TwoSites, finish_client
 from tests.lab import converged, queues, replace_file, status, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from deploy.lab.site import TwoSites, finish_client
+from lab.site import TwoSites, finish_client
 from tests import lab
 from tests.lab import BUSES, converged, queues, require_bus, status
 

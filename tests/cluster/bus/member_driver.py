@@ -28,6 +28,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from cluster.addresses import parse_address
 from cluster.bus import BusConfig, Delivery, open_bus
 from protocol.errors import BusError
 from protocol.modes import Role
@@ -57,7 +58,8 @@ async def main() -> int:
     parser.add_argument("--node", type=int, required=True)
     parser.add_argument("--address")
     args = parser.parse_args()
-    config = BusConfig(args.backend, args.group, args.node, args.address)
+    address = None if args.address is None else parse_address(args.address, key="--address")
+    config = BusConfig(args.backend, args.group, args.node, address)
     slow = [0.0]
     sent = [0]
     try:

@@ -2,7 +2,7 @@
 
 Members run as separate processes (``member_driver.py``), so that one can be
 killed with SIGKILL; for the corosync backend each runs inside its node's
-network namespace of a 3-node lab site (deploy/lab/netns.py).  The same test
+network namespace of a 3-node lab site (lab/netns.py).  The same test
 code runs on both backends; cases that need partitions are corosync only.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import trio
 
-from deploy.lab.netns import CorosyncSite, lab_unavailable_reason, list_netns
+from lab.netns import CorosyncSite, lab_unavailable_reason, list_netns
 
 DRIVER = Path(__file__).with_name("member_driver.py")
 REPO = Path(__file__).resolve().parents[3]

@@ -3,7 +3,7 @@
 Used by the integration tests, the benchmarks and the demo.  Two backends:
 
 * ``embedded``: a ``drgate bus`` sequencer and every process on loopback;
-* ``corosync``: a :class:`deploy.lab.netns.CorosyncSite` (one network
+* ``corosync``: a :class:`lab.netns.CorosyncSite` (one network
   namespace per node), each broker started inside its node's namespace.
 
 Every process is started here and stopped here, by its pid, also when the
@@ -25,16 +25,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-from deploy.lab.netns import CorosyncSite
+from lab.lifetime import Started
+from lab.netns import CorosyncSite
 
 # A process that has not printed its ready line by then has failed to start.
 START_TIMEOUT_S = 60.0
 # How long a process gets to stop on SIGTERM before SIGKILL.
 STOP_TIMEOUT_S = 10.0
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class SiteError(RuntimeError):
@@ -95,7 +95,7 @@ def drgate_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "gateway.cli", *args]
 
 
-class BrokerSite:
+class BrokerSite(Started):
     """A site of ``nodes`` brokers on one bus (see the module docstring)."""
 
     def __init__(
@@ -109,7 +109,7 @@ class BrokerSite:
         group: str = "drgate",
     ) -> None:
         if backend == "corosync" and corosync is None:
-            raise SiteError("a corosync site needs a running CorosyncSite (deploy.lab.netns)")
+            raise SiteError("a corosync site needs a running CorosyncSite (lab.netns)")
         self.cluster = cluster
         self.node_ids = list(range(1, nodes + 1))
         self.backend = backend
@@ -125,22 +125,6 @@ class BrokerSite:
         self.amqp: dict[int, str] = {}
 
     # -- lifetime ------------------------------------------------------------
-
-    def __enter__(self) -> BrokerSite:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         if self.backend == "embedded":
@@ -222,9 +206,9 @@ class BrokerSite:
     # -- clients --------------------------------------------------------------
 
     def client(self, node: int, *args: str, timeout: float = 300.0) -> dict[str, Any]:
-        """Run ``python -m deploy.lab.client ARGS`` where node ``node``'s
+        """Run ``python -m lab.client ARGS`` where node ``node``'s
         broker is reachable; its JSON result."""
-        argv = [sys.executable, "-m", "deploy.lab.client", *args]
+        argv = [sys.executable, "-m", "lab.client", *args]
         if self.corosync is not None:
             argv = self.corosync.ns_argv(node, argv)
         env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -239,7 +223,7 @@ class BrokerSite:
 
     def client_popen(self, node: int, *args: str) -> subprocess.Popen[str]:
         """Start a client without waiting; ``finish_client`` reads its result."""
-        argv = [sys.executable, "-m", "deploy.lab.client", *args]
+        argv = [sys.executable, "-m", "lab.client", *args]
         if self.corosync is not None:
             argv = self.corosync.ns_argv(node, argv)
         env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -285,13 +269,14 @@ def free_port() -> int:
         return port
 
 
-LAB_RULES = ROOT / "deploy" / "rules" / "lab.yaml"
+# The rules of the lab and the demo, shipped with the package.
+LAB_RULES = Path(__file__).resolve().parent / "rules.yaml"
 TWO_SITE_TOKEN_MS = 3000
 
 
-class TwoSites:
+class TwoSites(Started):
     """Site P and site D (brokers and sidecars each) on the embedded bus,
-    joined by one WAN emulator per D sidecar (deploy/lab/wan.py).
+    joined by one WAN emulator per D sidecar (lab/wan.py).
 
     P's sidecars list the emulators as D's addresses, in order; D's
     sidecars listen behind them.  ``wan(i, "cut")`` controls emulator i.
@@ -329,21 +314,17 @@ class TwoSites:
                 "site-d", nodes=nodes, subnet="10.213.21", prefix="dgD", token_ms=TWO_SITE_TOKEN_MS
             )
             self.labs = [p_lab, d_lab]
-        self.p = BrokerSite(
-            "site-p",
-            nodes=nodes,
-            workdir=self.workdir / "p",
-            group="site-p",
-            backend=bus,
-            corosync=p_lab,
-        )
-        self.d = BrokerSite(
-            "site-d",
-            nodes=nodes,
-            workdir=self.workdir / "d",
-            group="site-d",
-            backend=bus,
-            corosync=d_lab,
+        # Each site's bus group is its cluster id; its files go in WORKDIR/p or WORKDIR/d.
+        self.p, self.d = (
+            BrokerSite(
+                cluster,
+                nodes=nodes,
+                workdir=self.workdir / cluster.removeprefix("site-"),
+                group=cluster,
+                backend=bus,
+                corosync=corosync,
+            )
+            for cluster, corosync in (("site-p", p_lab), ("site-d", d_lab))
         )
         self.nodes = list(range(1, nodes + 1))
         self.delay_ms = delay_ms
@@ -357,17 +338,6 @@ class TwoSites:
         self.wan_listen: dict[int, int] = {}
         self.wan_control: dict[int, int] = {}
         self.metrics_port: dict[tuple[str, int], int] = {}
-
-    def __enter__(self) -> TwoSites:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def start_labs(self) -> None:
         """The corosync sites (bus=corosync), joined to the root namespace;
@@ -395,7 +365,7 @@ class TwoSites:
     def start_wan(self, n: int) -> None:
         """Emulator n: bound to a port of its choosing (no race for free ports)."""
         argv = [
-            sys.executable, "-m", "deploy.lab.wan",
+            sys.executable, "-m", "lab.wan",
             "--listen", f"{self.host['site-p']}:0",
             "--target", f"{self.node_address(self.d, n)}:{self.d_port(n)}",
             "--control", "127.0.0.1:0",
@@ -415,7 +385,7 @@ class TwoSites:
 
     def wan(self, n: int, line: str) -> str:
         argv = [
-            sys.executable, "-m", "deploy.lab.wan",
+            sys.executable, "-m", "lab.wan",
             "--control", f"127.0.0.1:{self.wan_control[n]}", "--send", line,
         ]  # fmt: skip
         done = subprocess.run(

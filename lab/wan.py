@@ -31,7 +31,7 @@ every reply is one line, ``ok {json}`` or ``error <text>``.
 
 Units: ``rate_bps`` is BYTES per second (0 = no cap); delays in milliseconds.
 
-    python -m deploy.lab.wan --listen 127.0.0.1:7000 --target 127.0.0.1:7001 \\
+    python -m lab.wan --listen 127.0.0.1:7000 --target 127.0.0.1:7001 \\
         --delay-ms 25 --control 127.0.0.1:7002
 """
 
@@ -522,7 +522,7 @@ def _address(text: str) -> Address:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m deploy.lab.wan", description="Userspace WAN emulator (TCP proxy)."
+        prog="python -m lab.wan", description="Userspace WAN emulator (TCP proxy)."
     )
     parser.add_argument("--listen", type=_address, help="HOST:PORT to accept on")
     parser.add_argument("--target", type=_address, help="HOST:PORT to forward to")

@@ -3,9 +3,9 @@
 Runs as a process so that it can be started inside a node's network
 namespace (``ip netns exec``) as well as on loopback::
 
-    python -m deploy.lab.client publish amqp://127.0.0.1:5672 orders --count 10000
-    python -m deploy.lab.client consume amqp://127.0.0.1:5673 orders --count 10000
-    python -m deploy.lab.client describe amqp://127.0.0.1:5672
+    python -m lab.client publish amqp://127.0.0.1:5672 orders --count 10000
+    python -m lab.client consume amqp://127.0.0.1:5673 orders --count 10000
+    python -m lab.client describe amqp://127.0.0.1:5672
 
 Each prints one JSON object on stdout: ``publish`` the counts of accepted and
 rejected messages (with the first rejection's text), ``consume`` the message
@@ -236,7 +236,7 @@ class Describer(MessagingHandler):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploy.lab.client", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m lab.client", description=__doc__)
     sub = parser.add_subparsers(dest="op", required=True)
     pub = sub.add_parser("publish")
     pub.add_argument("url")

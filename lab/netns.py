@@ -22,7 +22,7 @@ Use it as a context manager (teardown always runs, also on failure)::
         site.popen_in(1, ["python", "member.py"])
         site.cut(3); ...; site.restore(3)
 
-or from a shell: ``python -m deploy.lab.netns up --name siteA`` (prints how to
+or from a shell: ``python -m lab.netns up --name siteA`` (prints how to
 reach the nodes and keeps the site running) and ``... down --name siteA``.
 Needs root, iproute2, util-linux and corosync.
 """
@@ -42,7 +42,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
+
+from lab.lifetime import Started
 
 # Corosync settings that form a 3-node membership in well under 2 s on the
 # build machines (docs/field notes); the token is short so that a cut node is
@@ -96,7 +97,7 @@ class LabNode:
         return self.directory / "corosync.log"
 
 
-class CorosyncSite:
+class CorosyncSite(Started):
     """An N-node corosync site in network namespaces.  See the module docstring."""
 
     def __init__(
@@ -134,22 +135,12 @@ class CorosyncSite:
         self.root_address: str | None = None
         self.pids_started: list[int] = []
 
-    # -- context manager ---------------------------------------------------------
+    # -- context manager (lab.lifetime.Started) ------------------------------------
 
-    def __enter__(self) -> CorosyncSite:
-        try:
-            self.up()
-        except BaseException:
-            self.down()
-            raise
-        return self
+    def start(self) -> None:
+        self.up()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def stop(self) -> None:
         self.down()
 
     # -- building ----------------------------------------------------------------
@@ -426,7 +417,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploy.lab.netns", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m lab.netns", description=__doc__)
     parser.add_argument("action", choices=["up", "down", "status"])
     parser.add_argument("--name", default="drlab", help="cluster name (default %(default)s)")
     parser.add_argument("--nodes", type=int, default=3)
@@ -449,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             for node in site.nodes:
                 print(f"node {node.nodeid}: ip netns exec {node.netns} ...  ({node.address})")
             print(
-                f"site {args.name} is up; stop it with: python -m deploy.lab.netns down "
+                f"site {args.name} is up; stop it with: python -m lab.netns down "
                 f"--name {args.name} --workdir {workdir}"
             )
         elif args.action == "down":

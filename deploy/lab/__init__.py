@@ -1,1 +1,0 @@
-"""The local lab: corosync sites in network namespaces (netns.py)."""
