@@ -31,6 +31,7 @@ from cluster.addresses import Address, parse_address
 from cluster.bus import BusConfig
 from cluster.node import BrokerConfig
 from cluster.tls import TlsFiles
+from filters.matcher import RuleSet
 from filters.yamldoc import Node, Problems, check_keys, expect_int, expect_str, parse
 from gateway.capture import load_capture
 from gateway.sidecar import SidecarConfig
@@ -231,8 +232,6 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
 
     At D, ``listen: 0.0.0.0:7500`` instead of ``peers``.
     """
-    from filters.rules import load_rules
-
     problems, root, fields = read_top_level(
         path,
         text,
@@ -251,16 +250,7 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
     node_id = load_node_id(fields, problems)
     bus = load_bus(fields["bus"], problems, node_id=node_id or 0) if "bus" in fields else None
     peer_cluster = text_of("peer_cluster")
-    peers: list[Address] = []
-    if "peers" in fields:
-        node = fields["peers"]
-        if node.kind != "sequence" or not node.value:
-            problems.error(node.location, "'peers' must be a non-empty list of HOST:PORT")
-        else:
-            for item in node.value:
-                peer = load_address(item, problems, what="each item of 'peers'")
-                if peer is not None:
-                    peers.append(peer)
+    peers = _load_peers(fields["peers"], problems) if "peers" in fields else []
     listen = (
         load_address(fields["listen"], problems, what="'listen'") if "listen" in fields else None
     )
@@ -270,43 +260,9 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         problems.error(root.location, "a dr sidecar needs 'listen' (HOST:PORT for the link)")
     spool_dir, spool_max, fsync = "", DEFAULT_SPOOL_MAX_BYTES, "batch"
     if "spool" in fields:
-        spool = check_keys(
-            fields["spool"],
-            problems,
-            what="'spool'",
-            required=("directory",),
-            optional=("max_bytes", "fsync"),
-        )
-        if spool is not None:
-            if "directory" in spool:
-                spool_dir = beside(
-                    path,
-                    expect_str(spool["directory"], problems, what="'spool.directory'") or "",
-                )
-            if "max_bytes" in spool:
-                spool_max = (
-                    expect_int(
-                        spool["max_bytes"], problems, what="'spool.max_bytes'", minimum=1 << 16
-                    )
-                    or spool_max
-                )
-            if "fsync" in spool:
-                fsync = expect_str(spool["fsync"], problems, what="'spool.fsync'") or fsync
-                if fsync not in FSYNC_POLICIES:
-                    problems.error(
-                        spool["fsync"].location,
-                        f"unknown fsync policy {fsync!r}",
-                        f"use one of: {', '.join(FSYNC_POLICIES)}",
-                    )
-    rules = None
+        spool_dir, spool_max, fsync = _load_spool(fields["spool"], problems, path=path)
     rules_path = text_of("rules")
-    if rules_path is not None:
-        rules_path = beside(path, rules_path)
-        try:
-            rules = load_rules(read_text(rules_path), rules_path)
-        except (RulesError, ConfigError) as exc:
-            for problem in exc.problems:
-                problems.items.append(problem)
+    rules = None if rules_path is None else _load_rules(beside(path, rules_path), problems)
     metrics = (
         load_address(fields["metrics"], problems, what="'metrics'") if "metrics" in fields else None
     )
@@ -333,3 +289,50 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         metrics=metrics,
         capture=capture,
     )
+
+
+def _load_peers(node: Node, problems: Problems) -> list[Address]:
+    """``peers``: D's sidecars, in the order the egress tries them."""
+    if node.kind != "sequence" or not node.value:
+        problems.error(node.location, "'peers' must be a non-empty list of HOST:PORT")
+        return []
+    peers = [load_address(item, problems, what="each item of 'peers'") for item in node.value]
+    return [peer for peer in peers if peer is not None]
+
+
+def _load_spool(node: Node, problems: Problems, *, path: str) -> tuple[str, int, str]:
+    """``spool``: (directory, max_bytes, fsync policy)."""
+    directory, max_bytes, fsync = "", DEFAULT_SPOOL_MAX_BYTES, "batch"
+    spool = check_keys(
+        node, problems, what="'spool'", required=("directory",), optional=("max_bytes", "fsync")
+    )
+    if spool is None:
+        return directory, max_bytes, fsync
+    if "directory" in spool:
+        text = expect_str(spool["directory"], problems, what="'spool.directory'") or ""
+        directory = beside(path, text)
+    if "max_bytes" in spool:
+        what = "'spool.max_bytes'"
+        max_bytes = (
+            expect_int(spool["max_bytes"], problems, what=what, minimum=1 << 16) or max_bytes
+        )
+    if "fsync" in spool:
+        fsync = expect_str(spool["fsync"], problems, what="'spool.fsync'") or fsync
+        if fsync not in FSYNC_POLICIES:
+            problems.error(
+                spool["fsync"].location,
+                f"unknown fsync policy {fsync!r}",
+                f"use one of: {', '.join(FSYNC_POLICIES)}",
+            )
+    return directory, max_bytes, fsync
+
+
+def _load_rules(rules_path: str, problems: Problems) -> RuleSet | None:
+    """The rules file, its problems added to ``problems``."""
+    from filters.rules import load_rules
+
+    try:
+        return load_rules(read_text(rules_path), rules_path)
+    except (RulesError, ConfigError) as exc:
+        problems.items.extend(exc.problems)
+        return None
