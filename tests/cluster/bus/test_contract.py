@@ -8,9 +8,7 @@ code runs on both backends; cases that need partitions are corosync only.
 
 from __future__ import annotations
 
-import ctypes.util
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -24,7 +22,8 @@ from typing import Any
 import pytest
 import trio
 
-from deploy.lab.netns import CorosyncSite, lab_unavailable_reason, list_netns
+from deploy.lab.netns import CorosyncSite
+from tests.lab import corosync_lab
 
 DRIVER = Path(__file__).with_name("member_driver.py")
 REPO = Path(__file__).resolve().parents[3]
@@ -40,28 +39,10 @@ BACKENDS = [
 ]
 
 
-def _corosync_unavailable() -> str | None:
-    reason = lab_unavailable_reason()
-    if reason is None and ctypes.util.find_library("cpg") is None:
-        reason = "libcpg is not installed (apt-get install corosync)"
-    return reason
-
-
 @pytest.fixture(scope="module")
 def corosync_site() -> Iterator[CorosyncSite]:
-    reason = _corosync_unavailable()
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the corosync suite must run in CI: {reason}")
-        pytest.skip(reason)
-    site = CorosyncSite("bustest", nodes=3, subnet="10.213.7", prefix=LAB_PREFIX)
-    with site:
+    with corosync_lab("bustest", subnet="10.213.7", prefix=LAB_PREFIX) as site:
         yield site
-    # The suite's own check that nothing is left behind, pass or fail.
-    assert site.leftovers() == []
-    assert [n for n in list_netns() if n.startswith(LAB_PREFIX)] == []
-    root_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
-    assert LAB_PREFIX not in root_links.stdout
 
 
 @dataclass
