@@ -25,6 +25,7 @@ from filters.rules import load_rules
 from gateway import resync as rs
 from protocol import cluster as pc
 from tests.lab import BUSES, converged, queues, require_bus, status, wait_for
+from tests.support.state import genesis_state
 
 DEADLINE_S = 60.0
 MODES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring", "q-none": "none"}
@@ -176,14 +177,8 @@ def test_rules_switch_none_to_full_brings_existing_messages(two: TwoSites) -> No
 # ---------------------------------------------------------------------------
 
 
-def _site(name: str, incarnation: int) -> st.SiteState:
-    state = st.new_state()
-    st.apply(state, pc.Genesis(name, incarnation))
-    return state
-
-
 def _p_with_messages(n: int) -> st.SiteState:
-    p = _site("site-p", 7)
+    p = genesis_state("site-p", 7)
     for queue, mode in (("q-full", "all"), ("q-enq", "all"), ("q-wire", "configuration")):
         args: dict[str, pc.Value] = {"qpid.replicate": mode}
         if queue == "q-enq":
@@ -211,7 +206,7 @@ def _resync(p: st.SiteState, epoch: int = 1) -> pc.ResyncApply:
 
 def test_resync_apply_replaces_full_and_keeps_what_d_consumed() -> None:
     p = _p_with_messages(50)
-    d = _site("site-d", 9)
+    d = genesis_state("site-d", 9)
     # A frame round trip, as it crosses D's bus.
     (cmd,) = pc.decode_frame_untrusted(pc.encode_frame([_resync(p)]))
     assert isinstance(cmd, pc.ResyncApply)
@@ -247,7 +242,7 @@ def test_resync_apply_replaces_full_and_keeps_what_d_consumed() -> None:
 
 
 def test_resync_apply_is_refused_for_an_unaccepted_incarnation_and_bad_bytes() -> None:
-    d = _site("site-d", 9)
+    d = genesis_state("site-d", 9)
     st.apply(d, _resync(_p_with_messages(5)))
     before = st.queue_digest(d, "q-full")
     reborn = _p_with_messages(2)
@@ -268,7 +263,7 @@ def test_resync_apply_is_refused_for_an_unaccepted_incarnation_and_bad_bytes() -
 
 
 def test_resync_after_promotion_is_fenced() -> None:
-    d = _site("site-d", 9)
+    d = genesis_state("site-d", 9)
     p = _p_with_messages(3)
     st.apply(d, _resync(p))
     st.apply(d, pc.Promote("site-p", 2, 0))
