@@ -32,22 +32,6 @@ MODES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring", "q-none": "no
 LOADED = 10_000
 
 
-def start_p_first(two: TwoSites) -> None:
-    """P's brokers and sidecars, D's brokers and the WAN; no D sidecar yet."""
-    two.start_labs()
-    two.p.start()
-    two.d.start()
-    for n in two.nodes:
-        two.start_wan(n)
-    for n in two.nodes:
-        two.start_sidecar(two.p, n)
-
-
-def start_d_sidecars(two: TwoSites) -> None:
-    for n in two.nodes:
-        two.start_sidecar(two.d, n)
-
-
 @pytest.fixture
 def two(tmp_path: Path) -> Iterator[TwoSites]:
     yield from _p_first(tmp_path, "embedded")
@@ -63,7 +47,7 @@ def two_any(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TwoSites
 def _p_first(tmp_path: Path, bus: str) -> Iterator[TwoSites]:
     sites = TwoSites(workdir=tmp_path, metrics=True, bus=bus)
     try:
-        start_p_first(sites)
+        sites.start_p_first()
         for queue, mode in MODES.items():
             done = sites.p.admin(1, "add-queue", queue, "--replicate", mode)
             assert done.returncode == 0, done.stderr
@@ -107,7 +91,7 @@ def test_empty_d_is_seeded_by_resync_while_p_takes_traffic(two: TwoSites) -> Non
     assert taken["received"] == 1000
     live = [publish(two, q, 2000, start=LOADED + 1) for q in ("q-full", "q-enq")]
     started = time.monotonic()
-    start_d_sidecars(two)
+    two.start_d_sidecars()
     for p in live:
         assert finish_client(p)["accepted"] == 2000
     took = wait_for("D's full replica equals P's queue", lambda: converged(two, queue="q-full"))
@@ -134,7 +118,7 @@ def test_wan_cut_during_a_resync_restarts_it(two_any: TwoSites) -> None:
     load_p(two)
     for n in two.nodes:  # slow enough to cut the resync in the middle
         two.wan(n, "set rate_bps=40000 dir=up")
-    start_d_sidecars(two)
+    two.start_d_sidecars()
 
     def midway() -> bool:
         resync = status(two, "site-d", 1)["resync"]
@@ -159,7 +143,7 @@ def test_wan_cut_during_a_resync_restarts_it(two_any: TwoSites) -> None:
 def test_rules_switch_none_to_full_brings_existing_messages(two: TwoSites) -> None:
     # q-none holds 1,000 messages; re-declaring it with qpid.replicate=all
     # switches it to full at that cseq.
-    start_d_sidecars(two)
+    two.start_d_sidecars()
     assert finish_client(publish(two, "q-none", 1000))["accepted"] == 1000
     wait_for("the link is up", lambda: status(two, "site-p", 1)["link_state"] == "up")
     assert "q-none" not in queues(two.d.describe(1))
