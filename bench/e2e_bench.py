@@ -33,7 +33,7 @@ In the same run: the embedded bus's own delivery rate (bench/bus_bench.py's
 for the tap, since every command reaches the tap through the bus.  With
 ``--corosync`` (root) the corosync bus's rate as well.
 
-Metrics cost (issue 8): one burst of unpaced publishes on fresh sites with
+Metrics cost: one burst of unpaced publishes on fresh sites with
 metrics off and on (``TwoSites(metrics=False|True)``); the ratio of delivered/s
 on to off.  Target >= 0.95.  One burst each is noisy on a shared machine:
 ``--bursts`` repeats them alternately and the medians are compared.

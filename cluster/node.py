@@ -71,7 +71,7 @@ log = logging.getLogger(__name__)
 # busy producer, small enough that a stalled bus stops clients quickly.
 PUBLISH_WINDOW = 200
 # Commands per bus frame, and bytes: batching amortises the bus's per-message
-# cost (corosync handles ~30k messages/s, field notes) without making frames
+# cost (corosync handles ~30k messages/s) without making frames
 # so large that they hold up the stream.
 FRAME_MAX_COMMANDS = 200
 FRAME_MAX_BYTES = 256 * 1024

@@ -8,7 +8,7 @@ metric families right then.  The same snapshot feeds :func:`status_document`
 (the ``/status`` JSON), and :class:`RateTracker` derives per-second rates from
 snapshots sampled about once a second by the HTTP server.
 
-This is the only module that imports prometheus-client (STYLE.md).
+This is the only module that imports prometheus-client (tests/test_layering.py).
 
 Snapshot schema (every key optional; a missing key means an absent metric)::
 
@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 Snapshot = Mapping[str, Any]
 SnapshotFunction = Callable[[], Snapshot]
 
-# Every role a sidecar or broker can report (ARCHITECTURE section 8).  All of
+# Every role a sidecar or broker can report (docs/architecture.md, section 8).  All of
 # them are exported on every scrape (1 for the current one, 0 for the others),
 # so `sum by (site) (drgate_role{role="egress"})` is 0, not absent, when no
 # node is the egress.

@@ -1,4 +1,4 @@
-"""The sidecar: tap, spool, egress at P; ingress at D (ARCHITECTURE sections 7 and 8).
+"""The sidecar: tap, spool, egress at P; ingress at D (docs/architecture.md, sections 7, 8).
 
 Theory of operation
 -------------------

@@ -1,4 +1,4 @@
-"""The package arrows of ARCHITECTURE section 3, checked on the source.
+"""The package arrows of docs/architecture.md section 3, checked on the source.
 
 protocol <- filters/cluster <- gateway <- analysis (which reads only protocol).
 A change that needs an arrow the other way is a design change: write it in

@@ -18,7 +18,7 @@ commands it carries.  The first command of a site has cseq 1.  View changes
 Local commands (from this site's clients and tools) are dispatched by type
 through ``_LOCAL``; a command may be refused (a :class:`Refused` effect and a
 counter, no change to the state).  ``Replicated`` commands go through the merge
-rules R1-R7 (ARCHITECTURE section 6, docs/state.md), and their inner
+rules R1-R7 (docs/architecture.md section 6, docs/state.md), and their inner
 commands through ``_REMOTE``.
 """
 

@@ -1,4 +1,4 @@
-"""cluster.state: the merge rules R1-R7 at D (ARCHITECTURE section 6), table-driven."""
+"""cluster.state: the merge rules R1-R7 at D (docs/architecture.md, section 6), table-driven."""
 
 from __future__ import annotations
 

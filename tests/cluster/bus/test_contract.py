@@ -1,4 +1,4 @@
-"""One contract suite for every site bus backend (ARCHITECTURE section 4).
+"""One contract suite for every site bus backend (docs/architecture.md, section 4).
 
 Members run as separate processes (``member_driver.py``), so that one can be
 killed with SIGKILL; for the corosync backend each runs inside its node's
