@@ -94,6 +94,8 @@ class MemoryBus:
         self._view(joined=(), left=())
 
     def remove(self, member: MemoryMember, *, error: BusError | None) -> None:
+        """Take ``member`` out and post the view: ``error=None`` is a leave (its
+        stream ends after what it holds), an error a lost connection."""
         if self._members.pop(member.me, None) is None:
             return
         member._end(error)
@@ -120,17 +122,6 @@ class MemoryBus:
     def _wake_senders(self) -> None:
         self._room.set()
         self._room = trio.Event()
-
-
-class _EventStream:
-    def __init__(self, member: MemoryMember) -> None:
-        self._member = member
-
-    def __aiter__(self) -> _EventStream:
-        return self
-
-    async def __anext__(self) -> BusEvent:
-        return await self._member._next_event()
 
 
 class MemoryMember:
@@ -160,7 +151,7 @@ class MemoryMember:
             self._multicast += 1
 
     def events(self) -> AsyncIterator[BusEvent]:
-        return _EventStream(self)
+        return self  # the one stream: the member is its own iterator
 
     async def leave(self) -> None:
         await trio.lowlevel.checkpoint()
@@ -176,7 +167,10 @@ class MemoryMember:
             send_waits=self._send_waits,
         )
 
-    async def _next_event(self) -> BusEvent:
+    def __aiter__(self) -> MemoryMember:
+        return self
+
+    async def __anext__(self) -> BusEvent:
         await trio.lowlevel.checkpoint()  # before taking: a cancel loses no event
         while not self._queue:
             if self._ended:
