@@ -34,7 +34,7 @@ DEFAULT_WINDOW_S = 10  # ten seconds: fine enough to see a stall, coarse enough 
 DEFAULT_MASTER = "local[2]"
 PROGRESS_PREFIX = "drgate-progress: "  # stderr lines a launcher (drgate analyze) shows as progress
 
-# What each mode replicates (ARCHITECTURE section 1), judged on message kinds
+# What each mode replicates (docs/architecture.md, section 1), judged on message kinds
 # only: a message kind forwarded for a mode that does not carry it leaked
 # through the filter.  Other kinds (declares, deletes, bindings...) are not
 # judged, except that mode none forwards nothing at all.

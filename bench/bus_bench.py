@@ -40,6 +40,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -272,6 +274,25 @@ def run_round(argvs: list[list[str]]) -> float:
                     stream.close()
 
 
+@contextmanager
+def open_sequencer(group: str) -> Iterator[str]:
+    """An embedded bus sequencer (``drgate bus``) for ``group``; yields its HOST:PORT."""
+    sequencer = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "bus", "--group", group],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert sequencer.stdout is not None
+        yield sequencer.stdout.readline().split()[2]
+    finally:
+        sequencer.terminate()
+        sequencer.wait()
+        if sequencer.stdout is not None:
+            sequencer.stdout.close()
+
+
 def member_argv(
     backend: str, group: str, node: int, size: int, count: int, sender: bool, address: str | None
 ) -> list[str]:
@@ -328,15 +349,7 @@ def main() -> int:
     sizes = [int(size) for size in args.sizes.split(",")]
     counts = {size: int(SIZES.get(size, 3000) * args.scale) for size in sizes}
     results: dict[tuple[str, int], list[float]] = {}
-    sequencer = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "bus", "--group", "bench"],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
-    try:
-        assert sequencer.stdout is not None
-        address = sequencer.stdout.readline().split()[2]
+    with open_sequencer("bench") as address:
         for size in sizes:
             for _ in range(args.repeat):
                 argvs = [
@@ -345,11 +358,6 @@ def main() -> int:
                 ]
                 rate = counts[size] / run_round(argvs)
                 results.setdefault(("embedded", size), []).append(rate)
-    finally:
-        sequencer.terminate()
-        sequencer.wait()
-        if sequencer.stdout is not None:
-            sequencer.stdout.close()
 
     reason = "disabled" if args.no_corosync else lab_unavailable_reason()
     if reason is None:

@@ -33,7 +33,7 @@ In the same run: the embedded bus's own delivery rate (bench/bus_bench.py's
 for the tap, since every command reaches the tap through the bus.  With
 ``--corosync`` (root) the corosync bus's rate as well.
 
-Metrics cost (issue 8): one burst of unpaced publishes on fresh sites with
+Metrics cost: one burst of unpaced publishes on fresh sites with
 metrics off and on (``TwoSites(metrics=False|True)``); the ratio of delivered/s
 on to off.  Target >= 0.95.  One burst each is noisy on a shared machine:
 ``--bursts`` repeats them alternately and the medians are compared.
@@ -45,7 +45,6 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -148,25 +147,12 @@ def bus_ceiling(backend: str, count: int) -> float:
     import bus_bench
 
     if backend == "embedded":
-        sequencer = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "bus", "--group", "e2e-ceiling"],
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-        )
-        try:
-            assert sequencer.stdout is not None
-            address = sequencer.stdout.readline().split()[2]
+        with bus_bench.open_sequencer("e2e-ceiling") as address:
             argvs = [
                 bus_bench.member_argv("embedded", "e2e-ceiling", n, 200, count, n == 1, address)
                 for n in (1, 2, 3)
             ]
             return count / bus_bench.run_round(argvs)
-        finally:
-            sequencer.terminate()
-            sequencer.wait()
-            if sequencer.stdout is not None:
-                sequencer.stdout.close()
     from lab.netns import CorosyncSite
 
     with CorosyncSite("e2eceil", nodes=3, subnet="10.213.31", prefix="dgE") as site:
@@ -194,13 +180,7 @@ def resync_rate(workdir: Path, count: int) -> dict[str, float]:
     replica equal to P's queue (digests)."""
     two = TwoSites(delay_ms=25, metrics=True, workdir=workdir / "resync")
     try:
-        # P first, D's brokers and the WAN; D's sidecars only once P is loaded.
-        two.p.start()
-        two.d.start()
-        for n in two.nodes:
-            two.start_wan(n)
-        for n in two.nodes:
-            two.start_sidecar(two.p, n)
+        two.start_p_first()  # D's sidecars only once P is loaded
         done = two.p.admin(1, "add-queue", "q-full", "--replicate", "full")
         if done.returncode != 0:
             raise RuntimeError(f"declare q-full: {done.stderr}")
@@ -214,8 +194,7 @@ def resync_rate(workdir: Path, count: int) -> dict[str, float]:
         ]  # fmt: skip
         for publisher in publishers:
             finish_client(publisher, timeout=1200)
-        for n in two.nodes:
-            two.start_sidecar(two.d, n)
+        two.start_d_sidecars()
         started = time.monotonic()
 
         def digest(site: Any) -> str | None:

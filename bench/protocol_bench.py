@@ -2,7 +2,7 @@
 
 Prints events/s and MB/s for 200-byte messages, one per frame and in frames of
 100, and in the same run the rate of a bare ``struct`` pack/unpack of the same
-8-byte command header: the ceiling for Python.  The issue's target: scanning a
+8-byte command header: the ceiling for Python.  The target: scanning a
 batched frame's events (kind, queue name, size) at no less than 1/4 of the
 bare unpack rate.
 

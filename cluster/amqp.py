@@ -73,7 +73,7 @@ log = logging.getLogger(__name__)
 # 16 KiB... 64 KiB max frame, small enough to keep one connection from hogging the loop.
 READ_BYTES = 64 * 1024
 # Write at most this much per send_all: matches the read size; loopback moves
-# ~3 GB/s with 64 KiB writes on our machines (field notes).
+# ~3 GB/s with 64 KiB writes on our machines.
 WRITE_BYTES = 64 * 1024
 # A whole message larger than this closes its link with
 # amqp:link:message-size-exceeded; advertised to clients as max-message-size.

@@ -35,6 +35,7 @@ the site state.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import random
@@ -138,6 +139,14 @@ class _Barrier:
     event: trio.Event
 
 
+class BusOpener(Protocol):
+    """What joins a bus: :func:`cluster.bus.open_bus`, or a test's in-memory bus."""
+
+    def __call__(
+        self, config: BusConfig, *, role: Role
+    ) -> contextlib.AbstractAsyncContextManager[BusMember]: ...
+
+
 class SiteMember:
     """A member of ``cluster``'s bus holding the whole site state.
 
@@ -147,9 +156,16 @@ class SiteMember:
     """
 
     def __init__(
-        self, cluster: str, bus: BusConfig, *, role: Role, observer: MemberObserver
+        self,
+        cluster: str,
+        bus: BusConfig,
+        *,
+        role: Role,
+        observer: MemberObserver,
+        open_member: BusOpener = open_bus,
     ) -> None:
         self.cluster = cluster
+        self._open_member = open_member
         self.bus_config = bus
         self.role = role
         self.state = st.new_state()
@@ -176,7 +192,7 @@ class SiteMember:
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Join the bus and follow the stream; started once this member holds
         the site state.  Raises ``BusError`` when the bus is lost."""
-        async with open_bus(self.bus_config, role=self.role) as member:
+        async with self._open_member(self.bus_config, role=self.role) as member:
             self.me = member.me
             self.membership = Membership(member.me)
             self._assembly = SnapshotAssembly(member.me)

@@ -1,6 +1,6 @@
 """Switching rules at run time, identically on every tap.
 
-Theory of operation (ARCHITECTURE section 7).  The sidecar that sees its
+Theory of operation (docs/architecture.md, section 7).  The sidecar that sees its
 rules file change calls :func:`decide_switch` with the rules in force and the
 new text:
 

@@ -43,7 +43,7 @@ from lab.site import SiteError, TwoSites, finish_client
 
 # The queues of the demo, one per mode.
 QUEUES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring", "q-none": "none"}
-# One-way WAN delay between the sites, as in the issue: a metro-to-region link.
+# One-way WAN delay between the sites: a metro-to-region link.
 WAN_DELAY_MS = 25
 # Defaults that keep a whole run (start, stream, checks, stop) well under two minutes
 # on two shared cores: startup ~15 s, stream 30 s, drain and checks ~10 s.

@@ -11,7 +11,7 @@ turns the snapshot into metric families right then.  The same snapshot feeds
 derives per-second rates from snapshots sampled about once a second by the
 HTTP server.  A section or field that is ``None`` is an absent metric.
 
-This is the only module that imports prometheus-client.
+This is the only module that imports prometheus-client (tests/test_layering.py).
 
 Every metric carries the constant labels ``site``, ``node`` and ``process``.
 Other labels have bounded cardinality: a command kind, a mode, a rule name of
@@ -52,10 +52,10 @@ log = logging.getLogger(__name__)
 
 SnapshotFunction = Callable[[], NodeStatistics]
 
-# Every role a sidecar can report (docs/architecture.md).  All of them are
-# exported on every scrape (1 for the current one, 0 for the others), so
-# `sum by (site) (drgate_role{role="egress"})` is 0, not absent, when no node
-# is the egress.
+# Every role a sidecar can report (docs/architecture.md, section 8).  All of
+# them are exported on every scrape (1 for the current one, 0 for the others),
+# so `sum by (site) (drgate_role{role="egress"})` is 0, not absent, when no
+# node is the egress.
 ROLES = tuple(str(role) for role in SidecarRole)
 LINK_STATES = ("up", "down", "connecting", "refused")
 

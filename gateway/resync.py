@@ -1,5 +1,5 @@
 """Resync snapshots: P's side (take and chunk), D's side (collect), and the
-bus-member helper the operator commands use (ARCHITECTURE sections 5-7).
+bus-member helper the operator commands use (docs/architecture.md, sections 5-7).
 
 Theory of operation
 -------------------

@@ -186,7 +186,7 @@ _PREAMBLE_BYTES: Final = _PREAMBLE.pack(MAGIC, VERSION, 0)
 
 # record header: length u32 | crc32c u32 | seq u64 | time_us u64, then payload[length]
 # The construct definition is the declared layout (tests parse with it); the
-# hot paths use the equivalent struct, ~10x faster (see field notes).
+# hot paths use the equivalent struct, ~10x faster.
 RecordHeader = c.Struct(
     "length" / c.Int32ub,
     "crc" / c.Int32ub,

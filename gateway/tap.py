@@ -1,4 +1,4 @@
-"""The tap: P's bus stream in, replication events out (ARCHITECTURE section 7).
+"""The tap: P's bus stream in, replication events out (docs/architecture.md, section 7).
 
 Theory of operation
 -------------------

@@ -46,7 +46,7 @@ from pathlib import Path
 from lab.lifetime import Started
 
 # Corosync settings that form a 3-node membership in well under 2 s on the
-# build machines (docs/field notes); the token is short so that a cut node is
+# build machines; the token is short so that a cut node is
 # noticed within about a second.
 TOKEN_MS = 1000
 MEMBERSHIP_TIMEOUT_S = 30.0

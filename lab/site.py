@@ -362,6 +362,21 @@ class TwoSites(Started):
         for n in self.nodes:
             self.start_sidecar(self.p, n)
 
+    def start_p_first(self) -> None:
+        """P's brokers and sidecars, D's brokers and the WAN, and no D sidecar
+        yet (a D site added later: :meth:`start_d_sidecars` starts them)."""
+        self.start_labs()
+        self.p.start()
+        self.d.start()
+        for n in self.nodes:
+            self.start_wan(n)
+        for n in self.nodes:
+            self.start_sidecar(self.p, n)
+
+    def start_d_sidecars(self) -> None:
+        for n in self.nodes:
+            self.start_sidecar(self.d, n)
+
     def start_wan(self, n: int) -> None:
         """Emulator n: bound to a port of its choosing (no race for free ports)."""
         argv = [

@@ -10,7 +10,7 @@ import enum
 
 
 class Mode(enum.IntEnum):
-    """How a queue is replicated to D (ARCHITECTURE section 1)."""
+    """How a queue is replicated to D (docs/architecture.md, section 1)."""
 
     NONE = 0  # nothing reaches D
     WIRING = 1  # declares, deletes and bindings; no messages

@@ -48,9 +48,13 @@ BUSES = ["embedded", pytest.param("corosync", marks=[pytest.mark.corosync])]
 
 
 def require_bus(bus: str) -> None:
-    """Skip (locally) or fail (in CI) when the corosync lab cannot run here."""
-    if bus != "corosync":
-        return
+    """:func:`require_corosync` when ``bus`` is ``"corosync"``; nothing otherwise."""
+    if bus == "corosync":
+        require_corosync()
+
+
+def require_corosync() -> None:
+    """Skip (locally) or fail (in CI, ``CI=true``) when the corosync lab cannot run here."""
     reason = corosync_unavailable()
     if reason:
         if os.environ.get("CI") == "true":
@@ -59,6 +63,7 @@ def require_bus(bus: str) -> None:
 
 
 def corosync_unavailable() -> str | None:
+    """Why the corosync lab cannot run on this machine, or ``None`` when it can."""
     reason = lab_unavailable_reason()
     if reason is None and ctypes.util.find_library("cpg") is None:
         reason = "libcpg is not installed (apt-get install corosync)"
@@ -67,11 +72,9 @@ def corosync_unavailable() -> str | None:
 
 @contextmanager
 def corosync_lab(name: str, *, subnet: str, prefix: str, nodes: int = 3) -> Iterator[CorosyncSite]:
-    reason = corosync_unavailable()
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the corosync suite must run in CI: {reason}")
-        pytest.skip(reason)
+    """A corosync site in network namespaces (after :func:`require_corosync`);
+    on exit checks that no namespace, link or process is left behind."""
+    require_corosync()
     site = CorosyncSite(name, nodes=nodes, subnet=subnet, prefix=prefix)
     with site:
         yield site

@@ -1,4 +1,4 @@
-"""The site bus contract: what every backend promises (ARCHITECTURE section 4).
+"""The site bus contract: what every backend promises (docs/architecture.md, section 4).
 
 A member joins one group and gets one stream of events in agreed order:
 ``Delivery`` for each multicast message (its own included) and ``ViewChange``

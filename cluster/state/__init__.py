@@ -1,4 +1,4 @@
-"""The site's deterministic queue state machine (docs/architecture.md, docs/state.md).
+"""The site's deterministic queue state machine (docs/architecture.md, sections 5, 6).
 
 ``new_state()`` makes an empty site; ``apply(state, command, sender=...)``
 applies one bus command and returns effects; ``members_left`` handles a view

@@ -1,4 +1,4 @@
-"""The WAN link between site P's egress and site D's ingress (ARCHITECTURE section 9).
+"""The WAN link between site P's egress and site D's ingress (docs/architecture.md, section 9).
 
 Theory of operation
 -------------------

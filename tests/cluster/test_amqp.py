@@ -23,18 +23,7 @@ from proton import ConnectionException, Message, SSLDomain
 from proton.reactor import AtMostOnce, DynamicNodeProperties, LinkOption
 from proton.utils import BlockingConnection, LinkDetached, SendException
 
-from cluster.amqp import (
-    ACCEPTED,
-    RELEASED,
-    AmqpConnection,
-    InboundDelivery,
-    IncomingLink,
-    Modified,
-    Outcome,
-    OutgoingLink,
-    Rejected,
-    serve_amqp,
-)
+from cluster import amqp
 
 pytestmark = pytest.mark.integration
 
@@ -49,12 +38,12 @@ class MemoryHandler:
         self.settle_now = settle_now
         self.initial_credit = initial_credit
         self.queues: dict[str, list[Any]] = defaultdict(list)
-        self.consumers: dict[str, list[OutgoingLink]] = defaultdict(list)
-        self.pending: list[InboundDelivery] = []
-        self.outcomes: list[tuple[object, Outcome]] = []
-        self.attached: list[OutgoingLink | IncomingLink] = []
-        self.closed_links: list[tuple[OutgoingLink | IncomingLink, list[object]]] = []
-        self.closed_conns: list[AmqpConnection] = []
+        self.consumers: dict[str, list[amqp.OutgoingLink]] = defaultdict(list)
+        self.pending: list[amqp.InboundDelivery] = []
+        self.outcomes: list[tuple[object, amqp.Outcome]] = []
+        self.attached: list[amqp.OutgoingLink | amqp.IncomingLink] = []
+        self.closed_links: list[tuple[amqp.OutgoingLink | amqp.IncomingLink, list[object]]] = []
+        self.closed_conns: list[amqp.AmqpConnection] = []
         self.refuse: dict[str, tuple[str, str]] = {}
         self.fail_on_attach: set[str] = set()
         self._changed = trio.Event()
@@ -74,7 +63,7 @@ class MemoryHandler:
                 body = queue.pop(0)
                 link.send_nowait(Message(body=body), token=(address, body))
 
-    async def on_sender_link(self, link: OutgoingLink) -> None:
+    async def on_sender_link(self, link: amqp.OutgoingLink) -> None:
         self.attached.append(link)
         assert link.address is not None
         if link.address in self.refuse:
@@ -83,7 +72,7 @@ class MemoryHandler:
             self.consumers[link.address].append(link)
         self._notify()
 
-    async def on_receiver_link(self, link: IncomingLink) -> None:
+    async def on_receiver_link(self, link: amqp.IncomingLink) -> None:
         self.attached.append(link)
         assert link.address is not None
         if link.address in self.fail_on_attach:
@@ -94,28 +83,30 @@ class MemoryHandler:
             link.flow(self.initial_credit)
         self._notify()
 
-    async def on_message(self, link: IncomingLink, delivery: InboundDelivery) -> None:
+    async def on_message(self, link: amqp.IncomingLink, delivery: amqp.InboundDelivery) -> None:
         assert link.address is not None
         if self.settle_now:
             self.queues[link.address].append(delivery.message.body)
-            delivery.settle(ACCEPTED)
+            delivery.settle(amqp.ACCEPTED)
             link.flow(1)
             self._dispatch(link.address)
         else:
             self.pending.append(delivery)
         self._notify()
 
-    async def on_credit(self, link: OutgoingLink, credit: int) -> None:
+    async def on_credit(self, link: amqp.OutgoingLink, credit: int) -> None:
         assert link.address is not None
         self._dispatch(link.address)
         self._notify()
 
-    async def on_outcome(self, link: OutgoingLink, token: object, outcome: Outcome) -> None:
+    async def on_outcome(
+        self, link: amqp.OutgoingLink, token: object, outcome: amqp.Outcome
+    ) -> None:
         self.outcomes.append((token, outcome))
         self._notify()
 
-    async def on_link_closed(self, link: OutgoingLink | IncomingLink) -> None:
-        if isinstance(link, OutgoingLink) and link.address is not None:
+    async def on_link_closed(self, link: amqp.OutgoingLink | amqp.IncomingLink) -> None:
+        if isinstance(link, amqp.OutgoingLink) and link.address is not None:
             consumers = self.consumers[link.address]
             if link in consumers:
                 consumers.remove(link)
@@ -125,14 +116,14 @@ class MemoryHandler:
         self.closed_links.append((link, tokens))
         self._notify()
 
-    async def on_connection_closed(self, conn: AmqpConnection) -> None:
+    async def on_connection_closed(self, conn: amqp.AmqpConnection) -> None:
         self.closed_conns.append(conn)
         self._notify()
 
 
 async def start_server(nursery: trio.Nursery, handler: MemoryHandler, **kwargs: Any) -> int:
     port: int = await nursery.start(
-        functools.partial(serve_amqp, handler, "127.0.0.1", 0, **kwargs)
+        functools.partial(amqp.serve_amqp, handler, "127.0.0.1", 0, **kwargs)
     )
     return port
 
@@ -202,10 +193,10 @@ async def test_send_n_then_receive_them_with_credit() -> None:
             await handler.wait_for(
                 lambda: len(handler.outcomes) == n and bool(handler.closed_conns)
             )
-            assert [o for _, o in handler.outcomes] == [ACCEPTED] * n
+            assert [o for _, o in handler.outcomes] == [amqp.ACCEPTED] * n
             assert handler.queues["orders"] == []
             incoming = handler.attached[0]
-            assert isinstance(incoming, IncomingLink)
+            assert isinstance(incoming, amqp.IncomingLink)
             assert incoming.node_properties == {"qpid.replicate": "all"}
             assert incoming.properties == {"qpid.queue_event_generation": 2}
             assert incoming.create_on_demand
@@ -250,11 +241,13 @@ async def test_settle_later_holds_the_client_until_the_node_settles() -> None:
             await handler.wait_for(lambda: len(handler.pending) == 1)
             # The publish is not settled yet, so the client is still blocked.
             assert results == []
-            handler.pending[0].settle(ACCEPTED)
+            handler.pending[0].settle(amqp.ACCEPTED)
             await handler.wait_for(lambda: len(handler.pending) == 2)
             assert results == ["one settled"]
-            handler.pending[1].settle(Rejected("amqp:resource-limit-exceeded", "queue q is full"))
-            handler.pending[1].settle(ACCEPTED)  # idempotent: the first outcome stands
+            handler.pending[1].settle(
+                amqp.Rejected("amqp:resource-limit-exceeded", "queue q is full")
+            )
+            handler.pending[1].settle(amqp.ACCEPTED)  # idempotent: the first outcome stands
             await client_done.wait()
             assert results == ["one settled", proton.Delivery.REJECTED]
             assert handler.pending[0].message.body == "one"
@@ -322,12 +315,12 @@ async def test_client_outcomes_reach_the_handler() -> None:
             await in_thread(client)
             await handler.wait_for(lambda: len(handler.outcomes) == 4)
             outcomes = dict(handler.outcomes)
-            assert isinstance(outcomes[("q", "a")], Rejected)
-            assert outcomes[("q", "b")] == RELEASED
+            assert isinstance(outcomes[("q", "a")], amqp.Rejected)
+            assert outcomes[("q", "b")] == amqp.RELEASED
             # BlockingReceiver.release(delivered=True) sends modified without flags;
             # the flags themselves are checked with the raw client below.
-            assert outcomes[("q", "c")] == Modified()
-            assert outcomes[("q", "d")] == ACCEPTED
+            assert outcomes[("q", "c")] == amqp.Modified()
+            assert outcomes[("q", "d")] == amqp.ACCEPTED
             nursery.cancel_scope.cancel()
 
 
@@ -347,7 +340,7 @@ async def test_presettled_receiver_gets_accepted_outcomes_at_send() -> None:
 
             assert await in_thread(client) == ["x", "y"]
             await handler.wait_for(lambda: len(handler.outcomes) == 2)
-            assert handler.outcomes == [(("q", "x"), ACCEPTED), (("q", "y"), ACCEPTED)]
+            assert handler.outcomes == [(("q", "x"), amqp.ACCEPTED), (("q", "y"), amqp.ACCEPTED)]
             nursery.cancel_scope.cancel()
 
 
@@ -447,7 +440,7 @@ async def test_client_killed_mid_stream_is_a_connection_close() -> None:
             assert handler.outcomes == [
                 (
                     ("q", "m0"),
-                    Modified(
+                    amqp.Modified(
                         delivery_failed=True,
                         undeliverable_here=True,
                         annotations={"x-reason": "poison"},
@@ -457,7 +450,7 @@ async def test_client_killed_mid_stream_is_a_connection_close() -> None:
             client.abort()
             await handler.wait_for(lambda: bool(handler.closed_conns))
             [(link, tokens)] = handler.closed_links
-            assert isinstance(link, OutgoingLink)
+            assert isinstance(link, amqp.OutgoingLink)
             assert link.closed
             # The three messages sent and never settled are what the node must release.
             assert tokens == [("q", f"m{i}") for i in range(1, 4)]

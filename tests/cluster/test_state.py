@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from cluster.state import (
@@ -31,57 +29,28 @@ from cluster.state import (
     statistics,
     topic_matches,
 )
-from protocol.cluster import (
-    Accept,
-    Acquire,
-    Bind,
-    Dequeue,
-    Enqueue,
-    ExchangeDeclare,
-    ExchangeDelete,
-    ExchangeType,
-    Genesis,
-    MemberReady,
-    Publish,
-    Purge,
-    QueueDeclare,
-    QueueDelete,
-    Release,
-    RulesSwitch,
-    SessionClose,
-    SessionOpen,
-    StateChunk,
-    Unbind,
-    Value,
-)
+from protocol import cluster as pc
 from protocol.modes import Role
+from tests.support.state import Member, genesis_state
 
-
-@dataclass(frozen=True, slots=True)
-class M:
-    node: int
-    pid: int
-
-
-A = M(1, 100)
-B = M(2, 200)
+A = Member(1, 100)
+B = Member(2, 200)
 SA = session_id(1, 100, 1)
 SB = session_id(2, 200, 1)
 
 
 def site(*queues: str) -> SiteState:
-    st = new_state()
-    apply(st, Genesis("P", 42))
+    st = genesis_state("P", 42)
     for q in queues:
-        apply(st, QueueDeclare(q))
-    apply(st, SessionOpen(SA), sender=A)
-    apply(st, SessionOpen(SB), sender=B)
+        apply(st, pc.QueueDeclare(q))
+    apply(st, pc.SessionOpen(SA), sender=A)
+    apply(st, pc.SessionOpen(SB), sender=B)
     return st
 
 
 def publish(st: SiteState, queue: str, *bodies: bytes) -> None:
     for i, body in enumerate(bodies):
-        eff = apply(st, Publish("", queue, body, ref=i + 1), sender=A)
+        eff = apply(st, pc.Publish("", queue, body, ref=i + 1), sender=A)
         assert isinstance(eff[-1], Settled), eff
 
 
@@ -137,30 +106,30 @@ def test_predeclared_exchanges_and_default_routing() -> None:
     assert route(st, "", "q1") == ["q1"]
     assert route(st, "", "nope") == []
     assert route(st, "missing", "k") == []
-    apply(st, Bind("amq.direct", "q1", "k"))
-    apply(st, Bind("amq.direct", "q2", "k"))
-    apply(st, Bind("amq.direct", "q2", "other"))
-    apply(st, Bind("amq.fanout", "q2"))
-    apply(st, Bind("amq.fanout", "q1"))
-    apply(st, Bind("amq.topic", "q1", "a.*"))
-    apply(st, Bind("amq.topic", "q2", "a.#"))
-    apply(st, Bind("amq.topic", "q1", "#"))  # q1 twice: routed once
+    apply(st, pc.Bind("amq.direct", "q1", "k"))
+    apply(st, pc.Bind("amq.direct", "q2", "k"))
+    apply(st, pc.Bind("amq.direct", "q2", "other"))
+    apply(st, pc.Bind("amq.fanout", "q2"))
+    apply(st, pc.Bind("amq.fanout", "q1"))
+    apply(st, pc.Bind("amq.topic", "q1", "a.*"))
+    apply(st, pc.Bind("amq.topic", "q2", "a.#"))
+    apply(st, pc.Bind("amq.topic", "q1", "#"))  # q1 twice: routed once
     assert route(st, "amq.direct", "k") == ["q1", "q2"]
     assert route(st, "amq.direct", "other") == ["q2"]
     assert route(st, "amq.fanout", "anything") == ["q2", "q1"]
     assert route(st, "amq.topic", "a.b") == ["q1", "q2"]
     assert route(st, "amq.topic", "a.b.c") == ["q2", "q1"]
     assert route(st, "amq.topic", "z") == ["q1"]
-    apply(st, Unbind("amq.topic", "q1", "#"))
+    apply(st, pc.Unbind("amq.topic", "q1", "#"))
     assert route(st, "amq.topic", "z") == []
 
 
 def test_publish_fanout_appends_to_every_target_with_its_own_pos() -> None:
     st = site("q1", "q2")
     publish(st, "q1", b"x")  # q1 is now one ahead
-    apply(st, Bind("amq.fanout", "q1"))
-    apply(st, Bind("amq.fanout", "q2"))
-    eff = apply(st, Publish("amq.fanout", "", b"y", ref=9), sender=B)
+    apply(st, pc.Bind("amq.fanout", "q1"))
+    apply(st, pc.Bind("amq.fanout", "q2"))
+    eff = apply(st, pc.Publish("amq.fanout", "", b"y", ref=9), sender=B)
     assert eff == [Enqueued("q1", 2), Enqueued("q2", 1), Settled(9, B, ("q1", "q2"))]
     assert bodies(st, "q1") == [b"x", b"y"]
     assert bodies(st, "q2") == [b"y"]
@@ -168,7 +137,7 @@ def test_publish_fanout_appends_to_every_target_with_its_own_pos() -> None:
 
 def test_unroutable_publish_is_settled_and_dropped() -> None:
     st = site("q")
-    eff = apply(st, Publish("amq.direct", "nobody", b"x", ref=3), sender=A)
+    eff = apply(st, pc.Publish("amq.direct", "nobody", b"x", ref=3), sender=A)
     assert eff == [Settled(3, A, ())]
     assert statistics(st)["messages"] == 0
 
@@ -176,49 +145,49 @@ def test_unroutable_publish_is_settled_and_dropped() -> None:
 @pytest.mark.parametrize(
     ("command", "reason", "condition", "words"),
     [
-        (Publish("", "nope", b"x", ref=5), Reason.UNKNOWN_QUEUE, "amqp:not-found", "'nope'"),
-        (Publish("ex", "k", b"x", ref=5), Reason.UNKNOWN_EXCHANGE, "amqp:not-found", "'ex'"),
-        (Acquire("nope", SA), Reason.UNKNOWN_QUEUE, "amqp:not-found", "'nope'"),
-        (Acquire("q", 12345), Reason.UNKNOWN_SESSION, "amqp:illegal-state", "not open"),
-        (Purge("nope"), Reason.UNKNOWN_QUEUE, "amqp:not-found", "'nope'"),
-        (QueueDelete("nope"), Reason.UNKNOWN_QUEUE, "amqp:not-found", "'nope'"),
-        (Bind("ex", "q"), Reason.UNKNOWN_EXCHANGE, "amqp:not-found", "'ex'"),
-        (Bind("amq.direct", "nope"), Reason.UNKNOWN_QUEUE, "amqp:not-found", "'nope'"),
-        (Bind("", "q", "q"), Reason.PREDECLARED, "amqp:not-allowed", "default exchange"),
-        (ExchangeDelete("amq.topic"), Reason.PREDECLARED, "amqp:not-allowed", "predeclared"),
-        (ExchangeDelete("ex"), Reason.UNKNOWN_EXCHANGE, "amqp:not-found", "'ex'"),
+        (pc.Publish("", "nope", b"x", ref=5), Reason.UNKNOWN_QUEUE, "amqp:not-found", "'nope'"),
+        (pc.Publish("ex", "k", b"x", ref=5), Reason.UNKNOWN_EXCHANGE, "amqp:not-found", "'ex'"),
+        (pc.Acquire("nope", SA), Reason.UNKNOWN_QUEUE, "amqp:not-found", "'nope'"),
+        (pc.Acquire("q", 12345), Reason.UNKNOWN_SESSION, "amqp:illegal-state", "not open"),
+        (pc.Purge("nope"), Reason.UNKNOWN_QUEUE, "amqp:not-found", "'nope'"),
+        (pc.QueueDelete("nope"), Reason.UNKNOWN_QUEUE, "amqp:not-found", "'nope'"),
+        (pc.Bind("ex", "q"), Reason.UNKNOWN_EXCHANGE, "amqp:not-found", "'ex'"),
+        (pc.Bind("amq.direct", "nope"), Reason.UNKNOWN_QUEUE, "amqp:not-found", "'nope'"),
+        (pc.Bind("", "q", "q"), Reason.PREDECLARED, "amqp:not-allowed", "default exchange"),
+        (pc.ExchangeDelete("amq.topic"), Reason.PREDECLARED, "amqp:not-allowed", "predeclared"),
+        (pc.ExchangeDelete("ex"), Reason.UNKNOWN_EXCHANGE, "amqp:not-found", "'ex'"),
         (
-            ExchangeDeclare("amq.fanout", ExchangeType.TOPIC),
+            pc.ExchangeDeclare("amq.fanout", pc.ExchangeType.TOPIC),
             Reason.TYPE_MISMATCH,
             "amqp:precondition-failed",
             "fanout",
         ),
         (
-            QueueDeclare("r", {"qpid.replicate": "some"}),
+            pc.QueueDeclare("r", {"qpid.replicate": "some"}),
             Reason.INVALID_ARGUMENT,
             "amqp:invalid-field",
             "qpid.replicate",
         ),
         (
-            QueueDeclare("r", {"qpid.queue_event_generation": 3}),
+            pc.QueueDeclare("r", {"qpid.queue_event_generation": 3}),
             Reason.INVALID_ARGUMENT,
             "amqp:invalid-field",
             "qpid.queue_event_generation",
         ),
         (
-            QueueDeclare("r", {"qpid.max_count": -1}),
+            pc.QueueDeclare("r", {"qpid.max_count": -1}),
             Reason.INVALID_ARGUMENT,
             "amqp:invalid-field",
             "qpid.max_count",
         ),
-        (SessionOpen(SB), Reason.NOT_OWNER, "amqp:not-allowed", "belongs to member 2.200"),
+        (pc.SessionOpen(SB), Reason.NOT_OWNER, "amqp:not-allowed", "belongs to member 2.200"),
     ],
 )
 def test_refusals_name_the_thing_and_change_nothing(
     command: object, reason: Reason, condition: str, words: str
 ) -> None:
     st = site("q")
-    apply(st, SessionClose(SB), sender=B)
+    apply(st, pc.SessionClose(SB), sender=B)
     before = statistics(st)
     eff = apply(st, command, sender=A)  # type: ignore[arg-type]
     assert len(eff) == 1
@@ -226,7 +195,7 @@ def test_refusals_name_the_thing_and_change_nothing(
     assert isinstance(refused, Refused)
     assert (refused.reason, refused.condition, refused.sender) == (reason, condition, A)
     assert words in refused.description
-    if isinstance(command, Publish):
+    if isinstance(command, pc.Publish):
         assert refused.ref == 5
     after = statistics(st)
     assert after["refused"] == before["refused"] + 1
@@ -236,15 +205,15 @@ def test_refusals_name_the_thing_and_change_nothing(
 
 def test_queue_arguments_are_stored_as_given_and_redeclare_merges() -> None:
     st = site()
-    args: dict[str, Value] = {
+    args: dict[str, pc.Value] = {
         "qpid.replicate": "all",
         "qpid.queue_event_generation": 2,
         "x": b"\x00",
     }
-    apply(st, QueueDeclare("q", args))
+    apply(st, pc.QueueDeclare("q", args))
     assert queue_args(st, "q") == args
-    assert apply(st, QueueDeclare("q")) == []  # no args: nothing changes
-    eff = apply(st, QueueDeclare("q", {"qpid.replicate": "configuration"}))
+    assert apply(st, pc.QueueDeclare("q")) == []  # no args: nothing changes
+    eff = apply(st, pc.QueueDeclare("q", {"qpid.replicate": "configuration"}))
     assert queue_args(st, "q") == {**args, "qpid.replicate": "configuration"}
     assert len(eff) == 1
     assert eff[0].created is False  # type: ignore[union-attr]
@@ -253,16 +222,16 @@ def test_queue_arguments_are_stored_as_given_and_redeclare_merges() -> None:
 def test_acquire_takes_first_available_in_fifo_order() -> None:
     st = site("q")
     publish(st, "q", b"1", b"2", b"3", b"4", b"5")
-    eff = apply(st, Acquire("q", SA, consumer=7, count=2))
+    eff = apply(st, pc.Acquire("q", SA, consumer=7, count=2))
     assert [(e.session, e.consumer, e.message.pos) for e in eff] == [(SA, 7, 1), (SA, 7, 2)]  # type: ignore[union-attr]
-    eff = apply(st, Acquire("q", SB, consumer=1, count=2))
+    eff = apply(st, pc.Acquire("q", SB, consumer=1, count=2))
     assert [e.message.body for e in eff] == [b"3", b"4"]  # type: ignore[union-attr]
     # Releasing pos 1 puts it back in place, ahead of pos 5, redelivered.
-    eff = apply(st, Release("q", SA, (1,)))
+    eff = apply(st, pc.Release("q", SA, (1,)))
     assert eff == [Released("q", SA, (1,), "release")]
-    eff = apply(st, Acquire("q", SB, consumer=1, count=5))
+    eff = apply(st, pc.Acquire("q", SB, consumer=1, count=5))
     assert [(e.message.pos, e.message.redelivered) for e in eff] == [(1, True), (5, False)]  # type: ignore[union-attr]
-    assert apply(st, Acquire("q", SB, count=1)) == []
+    assert apply(st, pc.Acquire("q", SB, count=1)) == []
     q = list_queues(st)[0]
     assert (q.depth, q.acquired) == (5, 5)
     assert session_holdings(st, SB) == {"q": (3, 4, 1, 5)}
@@ -271,24 +240,24 @@ def test_acquire_takes_first_available_in_fifo_order() -> None:
 def test_release_without_redelivered_flag_and_stale_positions() -> None:
     st = site("q")
     publish(st, "q", b"1", b"2")
-    apply(st, Acquire("q", SA, count=2))
-    eff = apply(st, Release("q", SA, (2, 99), redelivered=False))
+    apply(st, pc.Acquire("q", SA, count=2))
+    eff = apply(st, pc.Release("q", SA, (2, 99), redelivered=False))
     assert eff == [Released("q", SA, (2,), "release")]
     assert [m.redelivered for m in messages(st, "q")] == [False, False]
     assert statistics(st)["stale_settlements"] == 1
     # Another session cannot settle what SA holds.
-    assert apply(st, Accept("q", SB, (1,))) == []
+    assert apply(st, pc.Accept("q", SB, (1,))) == []
     assert bodies(st, "q") == [b"1", b"2"]
 
 
 def test_accept_removes_only_held_messages() -> None:
     st = site("q")
     publish(st, "q", b"1", b"2", b"3")
-    apply(st, Acquire("q", SA, count=2))
-    eff = apply(st, Accept("q", SA, (2, 3)))
+    apply(st, pc.Acquire("q", SA, count=2))
+    eff = apply(st, pc.Accept("q", SA, (2, 3)))
     assert eff == [Dequeued("q", (2,), "accept")]
     assert bodies(st, "q") == [b"1", b"3"]
-    assert apply(st, Accept("q", SA, (1,))) == [Dequeued("q", (1,), "accept")]
+    assert apply(st, pc.Accept("q", SA, (1,))) == [Dequeued("q", (1,), "accept")]
     assert session_holdings(st, SA) == {}
 
 
@@ -296,71 +265,71 @@ def test_session_close_releases_everything_it_held() -> None:
     st = site("q1", "q2")
     publish(st, "q1", b"a", b"b")
     publish(st, "q2", b"c")
-    apply(st, Acquire("q2", SA, count=1))
-    apply(st, Acquire("q1", SA, count=2))
-    eff = apply(st, SessionClose(SA))
+    apply(st, pc.Acquire("q2", SA, count=1))
+    apply(st, pc.Acquire("q1", SA, count=2))
+    eff = apply(st, pc.SessionClose(SA))
     assert eff == [
         Released("q2", SA, (1,), "session_close"),
         Released("q1", SA, (1, 2), "session_close"),
     ]
     assert all(m.redelivered for q in ("q1", "q2") for m in messages(st, q))
-    eff = apply(st, Acquire("q1", SA))
+    eff = apply(st, pc.Acquire("q1", SA))
     assert isinstance(eff[0], Refused)
 
 
 def test_members_left_releases_their_sessions_and_readiness() -> None:
     st = site("q")
-    apply(st, MemberReady(Role.BROKER, 2, 200))
-    apply(st, MemberReady(Role.SIDECAR, 1, 100))
+    apply(st, pc.MemberReady(Role.BROKER, 2, 200))
+    apply(st, pc.MemberReady(Role.SIDECAR, 1, 100))
     publish(st, "q", b"a", b"b", b"c")
-    apply(st, Acquire("q", SA, count=1))
-    apply(st, Acquire("q", SB, count=1))
+    apply(st, pc.Acquire("q", SA, count=1))
+    apply(st, pc.Acquire("q", SB, count=1))
     cseq = st.cseq
     eff = members_left(st, [B])
     assert eff == [Released("q", SB, (2,), "member_left")]
     assert st.cseq == cseq  # a view change takes no cseq
     assert ready_members(st) == [(1, 100, Role.SIDECAR)]
     assert SB not in st.sessions
-    eff = apply(st, Acquire("q", SA, count=5))
+    eff = apply(st, pc.Acquire("q", SA, count=5))
     assert [e.message.pos for e in eff] == [2, 3]  # type: ignore[union-attr]
 
 
 def test_purge_removes_available_messages_only() -> None:
     st = site("q")
     publish(st, "q", b"1", b"2", b"3")
-    apply(st, Acquire("q", SA, count=1))
-    eff = apply(st, Purge("q"))
+    apply(st, pc.Acquire("q", SA, count=1))
+    eff = apply(st, pc.Purge("q"))
     assert eff == [Dequeued("q", (2, 3), "purge")]
     assert bodies(st, "q") == [b"1"]
-    apply(st, Release("q", SA, (1,)))
-    assert [e.message.pos for e in apply(st, Acquire("q", SB, count=3))] == [1]  # type: ignore[union-attr]
+    apply(st, pc.Release("q", SA, (1,)))
+    assert [e.message.pos for e in apply(st, pc.Acquire("q", SB, count=3))] == [1]  # type: ignore[union-attr]
     publish(st, "q", b"4")
     assert messages(st, "q")[-1].pos == 4  # positions are never reused
 
 
 def test_delete_queue_drops_bindings_and_holdings() -> None:
     st = site("q")
-    apply(st, Bind("amq.fanout", "q"))
+    apply(st, pc.Bind("amq.fanout", "q"))
     publish(st, "q", b"1", b"2")
-    apply(st, Acquire("q", SA, count=1))
-    assert apply(st, QueueDelete("q")) == [QueueDeleted("q", 2)]
+    apply(st, pc.Acquire("q", SA, count=1))
+    assert apply(st, pc.QueueDelete("q")) == [QueueDeleted("q", 2)]
     assert route(st, "amq.fanout", "") == []
     assert session_holdings(st, SA) == {}
-    assert apply(st, SessionClose(SA)) == []
-    apply(st, QueueDeclare("q"))
+    assert apply(st, pc.SessionClose(SA)) == []
+    apply(st, pc.QueueDeclare("q"))
     publish(st, "q", b"new")
     assert messages(st, "q")[0].pos == 1  # a new queue numbers from 1
 
 
 def test_exchange_declare_delete_and_bindings() -> None:
     st = site("q")
-    apply(st, ExchangeDeclare("ex", ExchangeType.TOPIC, {"a": 1}))
-    apply(st, Bind("ex", "q", "x.#"))
+    apply(st, pc.ExchangeDeclare("ex", pc.ExchangeType.TOPIC, {"a": 1}))
+    apply(st, pc.Bind("ex", "q", "x.#"))
     assert route(st, "ex", "x.y") == ["q"]
-    assert apply(st, ExchangeDeclare("ex", ExchangeType.TOPIC)) == []  # idempotent
-    apply(st, ExchangeDelete("ex"))
+    assert apply(st, pc.ExchangeDeclare("ex", pc.ExchangeType.TOPIC)) == []  # idempotent
+    apply(st, pc.ExchangeDelete("ex"))
     assert route(st, "ex", "x.y") == []
-    assert isinstance(apply(st, Publish("ex", "x.y", b"")), list)
+    assert isinstance(apply(st, pc.Publish("ex", "x.y", b"")), list)
 
 
 @pytest.mark.parametrize(
@@ -373,11 +342,13 @@ def test_exchange_declare_delete_and_bindings() -> None:
         ({"qpid.max_count": 0}, [b"a"], 0),
     ],
 )
-def test_max_depth_rejects(args: dict[str, Value], bodies_in: list[bytes], refused_at: int) -> None:
+def test_max_depth_rejects(
+    args: dict[str, pc.Value], bodies_in: list[bytes], refused_at: int
+) -> None:
     st = site()
-    apply(st, QueueDeclare("q", args))
+    apply(st, pc.QueueDeclare("q", args))
     for i, body in enumerate(bodies_in):
-        eff = apply(st, Publish("", "q", body, ref=i + 1), sender=A)
+        eff = apply(st, pc.Publish("", "q", body, ref=i + 1), sender=A)
         if i < refused_at:
             assert isinstance(eff[-1], Settled)
         else:
@@ -391,10 +362,10 @@ def test_max_depth_rejects(args: dict[str, Value], bodies_in: list[bytes], refus
 
 def test_max_depth_on_one_target_refuses_the_whole_publish() -> None:
     st = site("free")
-    apply(st, QueueDeclare("full", {"qpid.max_count": 0}))
-    apply(st, Bind("amq.fanout", "free"))
-    apply(st, Bind("amq.fanout", "full"))
-    eff = apply(st, Publish("amq.fanout", "", b"x", ref=1))
+    apply(st, pc.QueueDeclare("full", {"qpid.max_count": 0}))
+    apply(st, pc.Bind("amq.fanout", "free"))
+    apply(st, pc.Bind("amq.fanout", "full"))
+    eff = apply(st, pc.Publish("amq.fanout", "", b"x", ref=1))
     assert [type(e) for e in eff] == [Refused]
     assert bodies(st, "free") == []
 
@@ -402,14 +373,14 @@ def test_max_depth_on_one_target_refuses_the_whole_publish() -> None:
 def test_cseq_counts_every_command_including_refused_and_ignored() -> None:
     st = new_state()
     cmds = [
-        Genesis("P", 1),
-        Genesis("P", 2),  # ignored
-        QueueDelete("nope"),  # refused
-        StateChunk(1, 1, 1, 0, True, b""),
-        RulesSwitch(b"rules"),
-        Enqueue("q", 1),  # bare: ignored
-        Dequeue("q", (1,)),  # bare: ignored
-        SessionClose(77),  # unknown: ignored
+        pc.Genesis("P", 1),
+        pc.Genesis("P", 2),  # ignored
+        pc.QueueDelete("nope"),  # refused
+        pc.StateChunk(1, 1, 1, 0, True, b""),
+        pc.RulesSwitch(b"rules"),
+        pc.Enqueue("q", 1),  # bare: ignored
+        pc.Dequeue("q", (1,)),  # bare: ignored
+        pc.SessionClose(77),  # unknown: ignored
     ]
     for i, cmd in enumerate(cmds, 1):
         apply(st, cmd)  # type: ignore[arg-type]
@@ -421,9 +392,9 @@ def test_cseq_counts_every_command_including_refused_and_ignored() -> None:
 
 def test_genesis_once() -> None:
     st = new_state()
-    assert apply(st, Genesis("P", 0)) == [GenesisApplied("P", 0, False)]
-    assert apply(st, Genesis("P", 5)) == [GenesisApplied("P", 5, True)]
-    assert apply(st, Genesis("Q", 6)) == [GenesisApplied("Q", 6, False)]
+    assert apply(st, pc.Genesis("P", 0)) == [GenesisApplied("P", 0, False)]
+    assert apply(st, pc.Genesis("P", 5)) == [GenesisApplied("P", 5, True)]
+    assert apply(st, pc.Genesis("Q", 6)) == [GenesisApplied("Q", 6, False)]
     assert (st.cluster, st.incarnation) == ("P", 5)
 
 
@@ -441,14 +412,14 @@ def test_full_replica_heap_stays_bounded_under_dequeues() -> None:
         q.remove(pos)
     assert len(q.available) < 2100
     publish(st, "q", b"y")
-    eff = apply(st, Acquire("q", SA, count=10))
+    eff = apply(st, pc.Acquire("q", SA, count=10))
     assert [e.message.body for e in eff] == [b"y"]  # type: ignore[union-attr]
 
 
 def test_delivered_carries_message_fields() -> None:
     st = site("q")
-    apply(st, Publish("", "q", b"body", "mid-1", {"subject": "s", "n": 3}, ref=1))
-    eff = apply(st, Acquire("q", SB, consumer=4))
+    apply(st, pc.Publish("", "q", b"body", "mid-1", {"subject": "s", "n": 3}, ref=1))
+    eff = apply(st, pc.Acquire("q", SB, consumer=4))
     assert eff == [Delivered("q", SB, 4, messages(st, "q")[0])]
     m = eff[0].message  # type: ignore[union-attr]
     assert (m.body, m.message_id, m.properties) == (b"body", "mid-1", {"subject": "s", "n": 3})

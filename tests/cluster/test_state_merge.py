@@ -1,8 +1,7 @@
-"""cluster.state: the merge rules R1-R7 at D (ARCHITECTURE section 6), table-driven."""
+"""cluster.state: the merge rules R1-R7 at D (docs/architecture.md, section 6), table-driven."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -25,7 +24,6 @@ from cluster.state import (
     apply,
     list_queues,
     messages,
-    new_state,
     origin_info,
     queue_digest,
     queue_info,
@@ -34,37 +32,11 @@ from cluster.state import (
     session_id,
     statistics,
 )
-from protocol.cluster import (
-    Accept,
-    AcceptIncarnation,
-    Acquire,
-    Bind,
-    Command,
-    Dequeue,
-    Enqueue,
-    ExchangeDeclare,
-    ExchangeDelete,
-    ExchangeType,
-    Genesis,
-    Promote,
-    Publish,
-    Purge,
-    QueueDeclare,
-    QueueDelete,
-    Replicated,
-    SessionOpen,
-    Unbind,
-)
+from protocol import cluster as pc
 from protocol.modes import Mode
+from tests.support.state import Member, genesis_state
 
-
-@dataclass(frozen=True, slots=True)
-class M:
-    node: int
-    pid: int
-
-
-CLIENT = M(1, 10)
+CLIENT = Member(1, 10)
 SID = session_id(1, 10, 1)
 INC = 7
 
@@ -78,11 +50,11 @@ class Feed:
         self.epoch = epoch
         self.cseq = 0
 
-    def rep(self, *pairs: tuple[Mode, Command], cseq: int | None = None) -> Replicated:
+    def rep(self, *pairs: tuple[Mode, pc.Command], cseq: int | None = None) -> pc.Replicated:
         if cseq is None:
             self.cseq += 1
             cseq = self.cseq
-        return Replicated(
+        return pc.Replicated(
             self.origin,
             self.incarnation,
             cseq,
@@ -94,9 +66,8 @@ class Feed:
 
 
 def d_site() -> SiteState:
-    st = new_state()
-    apply(st, Genesis("D", 99))
-    apply(st, SessionOpen(SID), sender=CLIENT)
+    st = genesis_state("D", 99)
+    apply(st, pc.SessionOpen(SID), sender=CLIENT)
     return st
 
 
@@ -109,14 +80,14 @@ def outcome(eff: list[Effect]) -> Outcome:
 def with_replicas(feed: Feed, *queues: tuple[str, Mode]) -> SiteState:
     st = d_site()
     for name, mode in queues:
-        assert outcome(apply(st, feed.rep((mode, QueueDeclare(name, {"m": mode.label}))))) is (
+        assert outcome(apply(st, feed.rep((mode, pc.QueueDeclare(name, {"m": mode.label}))))) is (
             Outcome.APPLIED
         )
     return st
 
 
-def enq(name: str, pos: int, body: bytes | None = None) -> Enqueue:
-    return Enqueue(name, pos, body if body is not None else f"{name}{pos}".encode())
+def enq(name: str, pos: int, body: bytes | None = None) -> pc.Enqueue:
+    return pc.Enqueue(name, pos, body if body is not None else f"{name}{pos}".encode())
 
 
 # --------------------------------------------------------------------------
@@ -158,9 +129,9 @@ def test_r1_watermarks_are_per_incarnation() -> None:
     assert outcome(eff) is Outcome.INCARNATION
     assert origin_info(st, "P").refused_incarnation == 2  # type: ignore[union-attr]
     assert len(messages(st, "q")) == 5  # replicas never wiped
-    assert apply(st, AcceptIncarnation("P", 2)) == [IncarnationAccepted("P", 2)]
+    assert apply(st, pc.AcceptIncarnation("P", 2)) == [IncarnationAccepted("P", 2)]
     new.cseq = 0
-    eff = apply(st, new.rep((Mode.ENQUEUE, QueueDeclare("q2"))))
+    eff = apply(st, new.rep((Mode.ENQUEUE, pc.QueueDeclare("q2"))))
     assert outcome(eff) is Outcome.APPLIED  # cseq 1 of the new incarnation: not a duplicate
     assert applied(st, "P", 1) == 6
     assert applied(st, "P", 2) == 1
@@ -194,9 +165,9 @@ def test_r2_order_kept_when_local_publishes_interleave_on_an_enqueue_queue() -> 
     feed = Feed()
     st = with_replicas(feed, ("q", Mode.ENQUEUE))
     apply(st, feed.rep((Mode.ENQUEUE, enq("q", 1, b"r1"))))
-    apply(st, Publish("", "q", b"l1", ref=1), sender=CLIENT)
+    apply(st, pc.Publish("", "q", b"l1", ref=1), sender=CLIENT)
     apply(st, feed.rep((Mode.ENQUEUE, enq("q", 2, b"r2"))))
-    apply(st, Publish("", "q", b"l2", ref=2), sender=CLIENT)
+    apply(st, pc.Publish("", "q", b"l2", ref=2), sender=CLIENT)
     assert [m.body for m in messages(st, "q")] == [b"r1", b"l1", b"r2", b"l2"]
     assert [m.pos for m in messages(st, "q")] == [1, 2, 3, 4]
 
@@ -206,11 +177,11 @@ def test_r2_order_kept_when_local_publishes_interleave_on_an_enqueue_queue() -> 
 # --------------------------------------------------------------------------
 
 
-LOCAL_WRITES: list[tuple[str, Command]] = [
-    ("publish", Publish("", "q", b"x", ref=4)),
-    ("acquire", Acquire("q", SID, 1, 1)),
-    ("purge", Purge("q")),
-    ("delete", QueueDelete("q")),
+LOCAL_WRITES: list[tuple[str, pc.Command]] = [
+    ("publish", pc.Publish("", "q", b"x", ref=4)),
+    ("acquire", pc.Acquire("q", SID, 1, 1)),
+    ("purge", pc.Purge("q")),
+    ("delete", pc.QueueDelete("q")),
 ]
 
 
@@ -220,7 +191,7 @@ LOCAL_WRITES: list[tuple[str, Command]] = [
     [(Mode.FULL, True), (Mode.ENQUEUE, False), (Mode.WIRING, False)],
 )
 def test_r3_full_replicas_are_read_only_to_local_clients(
-    what: str, command: Command, mode: Mode, refused: bool
+    what: str, command: pc.Command, mode: Mode, refused: bool
 ) -> None:
     feed = Feed()
     st = with_replicas(feed, ("q", mode))
@@ -247,10 +218,10 @@ def test_r3_full_replicas_are_read_only_to_local_clients(
 def test_r3_publish_through_fanout_touching_a_full_replica_is_refused_whole() -> None:
     feed = Feed()
     st = with_replicas(feed, ("mirror", Mode.FULL))
-    apply(st, QueueDeclare("local"))
-    apply(st, Bind("amq.fanout", "local"))
-    apply(st, Bind("amq.fanout", "mirror"))
-    eff = apply(st, Publish("amq.fanout", "", b"x", ref=1), sender=CLIENT)
+    apply(st, pc.QueueDeclare("local"))
+    apply(st, pc.Bind("amq.fanout", "local"))
+    apply(st, pc.Bind("amq.fanout", "mirror"))
+    eff = apply(st, pc.Publish("amq.fanout", "", b"x", ref=1), sender=CLIENT)
     assert [type(e) for e in eff] == [Refused]
     assert messages(st, "local") == ()
 
@@ -259,11 +230,11 @@ def test_r3_promotion_makes_full_replicas_writable() -> None:
     feed = Feed()
     st = with_replicas(feed, ("q", Mode.FULL))
     apply(st, feed.rep((Mode.FULL, enq("q", 1))))
-    assert apply(st, Promote("P", 2, 5)) == [Promoted("P", 2)]
+    assert apply(st, pc.Promote("P", 2, 5)) == [Promoted("P", 2)]
     assert queue_info(st, "q").writable is True  # type: ignore[union-attr]
-    eff = apply(st, Publish("", "q", b"local", ref=3), sender=CLIENT)
+    eff = apply(st, pc.Publish("", "q", b"local", ref=3), sender=CLIENT)
     assert eff == [Enqueued("q", 2), Settled(3, CLIENT, ("q",))]
-    eff = apply(st, Acquire("q", SID, 1, 2))
+    eff = apply(st, pc.Acquire("q", SID, 1, 2))
     assert [e.message.body for e in eff] == [b"q1", b"local"]  # type: ignore[union-attr]
 
 
@@ -275,19 +246,19 @@ def test_r3_promotion_makes_full_replicas_writable() -> None:
 def test_r4_enqueue_queue_appends_remote_at_tail_and_never_applies_remote_dequeues() -> None:
     feed = Feed()
     st = with_replicas(feed, ("q", Mode.ENQUEUE))
-    apply(st, Publish("", "q", b"local", ref=1), sender=CLIENT)
+    apply(st, pc.Publish("", "q", b"local", ref=1), sender=CLIENT)
     eff = apply(st, feed.rep((Mode.ENQUEUE, enq("q", 10, b"remote"))))
     assert Enqueued("q", 2, 10) in eff  # local pos 2, origin pos 10
     # D's own consumer takes both.
-    got = apply(st, Acquire("q", SID, 1, 5))
+    got = apply(st, pc.Acquire("q", SID, 1, 5))
     assert [e.message.body for e in got] == [b"local", b"remote"]  # type: ignore[union-attr]
     # P's consumers took pos 10 at P: not applied here.
-    eff = apply(st, feed.rep((Mode.FULL, Dequeue("q", (10,)))))
+    eff = apply(st, feed.rep((Mode.FULL, pc.Dequeue("q", (10,)))))
     assert outcome(eff) is Outcome.APPLIED
     assert not any(isinstance(e, Dequeued) for e in eff)
     assert len(messages(st, "q")) == 2
     assert statistics(st)["r4_dequeues_ignored"] == 1
-    assert apply(st, feed.rep((Mode.ENQUEUE, Purge("q")))) != []
+    assert apply(st, feed.rep((Mode.ENQUEUE, pc.Purge("q")))) != []
     assert len(messages(st, "q")) == 2
     assert queue_info(st, "q").high_pos == 10  # type: ignore[union-attr]
 
@@ -314,7 +285,7 @@ def test_r5_remote_dequeue_of_missing_message_is_a_counted_noop(
     st = with_replicas(feed, ("q", Mode.FULL))
     for p in held:
         apply(st, feed.rep((Mode.FULL, enq("q", p))))
-    eff = apply(st, feed.rep((Mode.FULL, Dequeue("q", tuple(dequeued)))))
+    eff = apply(st, feed.rep((Mode.FULL, pc.Dequeue("q", tuple(dequeued)))))
     assert [e for e in eff if isinstance(e, Dequeued)] == (
         [Dequeued("q", tuple(removed), "dequeue")] if removed else []
     )
@@ -330,21 +301,25 @@ def test_r5_remote_dequeue_of_missing_message_is_a_counted_noop(
 @pytest.mark.parametrize(
     ("local", "remote", "conflict"),
     [
-        (QueueDeclare("q", {"x": 1}), QueueDeclare("q", {"x": 1}), True),
-        (QueueDeclare("q"), QueueDelete("q"), True),
-        (ExchangeDeclare("e", ExchangeType.FANOUT), ExchangeDeclare("e", ExchangeType.TOPIC), True),
-        (ExchangeDeclare("e", ExchangeType.FANOUT), ExchangeDelete("e"), True),
+        (pc.QueueDeclare("q", {"x": 1}), pc.QueueDeclare("q", {"x": 1}), True),
+        (pc.QueueDeclare("q"), pc.QueueDelete("q"), True),
         (
-            ExchangeDeclare("e", ExchangeType.FANOUT),
-            ExchangeDeclare("e", ExchangeType.FANOUT),
+            pc.ExchangeDeclare("e", pc.ExchangeType.FANOUT),
+            pc.ExchangeDeclare("e", pc.ExchangeType.TOPIC),
+            True,
+        ),
+        (pc.ExchangeDeclare("e", pc.ExchangeType.FANOUT), pc.ExchangeDelete("e"), True),
+        (
+            pc.ExchangeDeclare("e", pc.ExchangeType.FANOUT),
+            pc.ExchangeDeclare("e", pc.ExchangeType.FANOUT),
             False,
         ),
-        (None, ExchangeDeclare("amq.topic", ExchangeType.TOPIC), False),
-        (None, ExchangeDelete("amq.topic"), True),
+        (None, pc.ExchangeDeclare("amq.topic", pc.ExchangeType.TOPIC), False),
+        (None, pc.ExchangeDelete("amq.topic"), True),
     ],
 )
 def test_r6_remote_declare_of_a_local_name_is_not_applied(
-    local: Command | None, remote: Command, conflict: bool
+    local: pc.Command | None, remote: pc.Command, conflict: bool
 ) -> None:
     feed = Feed()
     st = d_site()
@@ -371,24 +346,24 @@ def test_r6_remote_declare_of_a_local_name_is_not_applied(
 def test_r6_conflict_reported_again_after_the_local_queue_is_deleted() -> None:
     feed = Feed()
     st = d_site()
-    apply(st, QueueDeclare("q"))
-    eff = apply(st, feed.rep((Mode.FULL, QueueDeclare("q"))))
+    apply(st, pc.QueueDeclare("q"))
+    eff = apply(st, feed.rep((Mode.FULL, pc.QueueDeclare("q"))))
     assert any(isinstance(e, Conflict) for e in eff)
-    apply(st, QueueDelete("q"))
-    eff = apply(st, feed.rep((Mode.FULL, QueueDeclare("q"))))
+    apply(st, pc.QueueDelete("q"))
+    eff = apply(st, feed.rep((Mode.FULL, pc.QueueDeclare("q"))))
     assert not any(isinstance(e, Conflict) for e in eff)
     assert replica_mode(st, "q") is Mode.FULL
-    apply(st, Promote("P", 5, 0))
-    apply(st, QueueDelete("q"))
-    apply(st, QueueDeclare("q"))
-    eff = apply(st, Feed(epoch=6).rep((Mode.FULL, QueueDeclare("q")), cseq=100))
+    apply(st, pc.Promote("P", 5, 0))
+    apply(st, pc.QueueDelete("q"))
+    apply(st, pc.QueueDeclare("q"))
+    eff = apply(st, Feed(epoch=6).rep((Mode.FULL, pc.QueueDeclare("q")), cseq=100))
     assert any(isinstance(e, Conflict) for e in eff)
 
 
 def test_remote_redeclare_of_own_replica_changes_its_mode() -> None:
     feed = Feed()
     st = with_replicas(feed, ("q", Mode.ENQUEUE))
-    eff = apply(st, feed.rep((Mode.FULL, QueueDeclare("q", {"qpid.replicate": "all"}))))
+    eff = apply(st, feed.rep((Mode.FULL, pc.QueueDeclare("q", {"qpid.replicate": "all"}))))
     assert QueueDeclared("q", False, {"qpid.replicate": "all"}, Mode.FULL) in eff
     assert replica_mode(st, "q") is Mode.FULL
 
@@ -396,14 +371,14 @@ def test_remote_redeclare_of_own_replica_changes_its_mode() -> None:
 def test_remote_wiring_bindings_and_deletes() -> None:
     feed = Feed()
     st = with_replicas(feed, ("q", Mode.WIRING))
-    apply(st, feed.rep((Mode.WIRING, ExchangeDeclare("ex", ExchangeType.DIRECT))))
-    apply(st, feed.rep((Mode.WIRING, Bind("ex", "q", "k"))))
+    apply(st, feed.rep((Mode.WIRING, pc.ExchangeDeclare("ex", pc.ExchangeType.DIRECT))))
+    apply(st, feed.rep((Mode.WIRING, pc.Bind("ex", "q", "k"))))
     assert route(st, "ex", "k") == ["q"]
     eff = apply(st, feed.rep((Mode.WIRING, enq("q", 1))))
     assert not any(isinstance(e, Enqueued) for e in eff)  # wiring carries no messages
-    apply(st, feed.rep((Mode.WIRING, Unbind("ex", "q", "k"))))
+    apply(st, feed.rep((Mode.WIRING, pc.Unbind("ex", "q", "k"))))
     assert route(st, "ex", "k") == []
-    apply(st, feed.rep((Mode.WIRING, QueueDelete("q")), (Mode.WIRING, ExchangeDelete("ex"))))
+    apply(st, feed.rep((Mode.WIRING, pc.QueueDelete("q")), (Mode.WIRING, pc.ExchangeDelete("ex"))))
     assert "q" not in st.queues
     assert "ex" not in st.exchanges
 
@@ -431,7 +406,7 @@ def test_r7_epoch_fencing(steps: list[Any], expected: str) -> None:
     fenced = 0
     for step, code in zip(steps, expected, strict=True):
         if isinstance(step, tuple):
-            eff = apply(st, Promote("P", step[1], 123))
+            eff = apply(st, pc.Promote("P", step[1], 123))
             if code == "P":
                 assert eff == [Promoted("P", step[1])]
             else:
@@ -447,7 +422,7 @@ def test_r7_epoch_fencing(steps: list[Any], expected: str) -> None:
 
 def test_r7_newer_epoch_after_promotion_makes_replicas_read_only_again() -> None:
     st = with_replicas(Feed(), ("q", Mode.FULL))
-    apply(st, Promote("P", 2, 0))
+    apply(st, pc.Promote("P", 2, 0))
     assert queue_info(st, "q").writable is True  # type: ignore[union-attr]
     eff = apply(st, Feed(epoch=3).rep((Mode.FULL, enq("q", 1)), cseq=50))
     assert outcome(eff) is Outcome.APPLIED
@@ -459,7 +434,7 @@ def test_r7_newer_epoch_after_promotion_makes_replicas_read_only_again() -> None
 
 def test_replicated_from_this_very_site_is_refused() -> None:
     st = d_site()
-    eff = apply(st, Feed(origin="D").rep((Mode.FULL, QueueDeclare("q"))))
+    eff = apply(st, Feed(origin="D").rep((Mode.FULL, pc.QueueDeclare("q"))))
     assert outcome(eff) is Outcome.OWN_ORIGIN
     assert "q" not in st.queues
 
@@ -486,9 +461,9 @@ def test_unsupported_inner_commands_and_missing_queues_are_counted() -> None:
     eff = apply(
         st,
         feed.rep(
-            (Mode.FULL, Publish("", "q", b"x")),
+            (Mode.FULL, pc.Publish("", "q", b"x")),
             (Mode.FULL, enq("nope", 1)),
-            (Mode.NONE, QueueDeclare("n")),
+            (Mode.NONE, pc.QueueDeclare("n")),
         ),
     )
     assert outcome(eff) is Outcome.APPLIED
@@ -498,21 +473,20 @@ def test_unsupported_inner_commands_and_missing_queues_are_counted() -> None:
 
 
 def test_full_replica_queue_digest_matches_origin_queue() -> None:
-    p = new_state()
-    apply(p, Genesis("P", INC))
-    apply(p, QueueDeclare("q"))
-    apply(p, SessionOpen(SID), sender=CLIENT)
+    p = genesis_state("P", INC)
+    apply(p, pc.QueueDeclare("q"))
+    apply(p, pc.SessionOpen(SID), sender=CLIENT)
     feed = Feed()
     d = with_replicas(feed, ("q", Mode.FULL))
     for i in range(5):
-        eff = apply(p, Publish("", "q", f"m{i}".encode(), f"id{i}", {"k": i}, ref=i))
+        eff = apply(p, pc.Publish("", "q", f"m{i}".encode(), f"id{i}", {"k": i}, ref=i))
         pos = next(e.pos for e in eff if isinstance(e, Enqueued))
-        apply(d, feed.rep((Mode.FULL, Enqueue("q", pos, f"m{i}".encode(), f"id{i}", {"k": i}))))
-    got = apply(p, Acquire("q", SID, 1, 2))
+        apply(d, feed.rep((Mode.FULL, pc.Enqueue("q", pos, f"m{i}".encode(), f"id{i}", {"k": i}))))
+    got = apply(p, pc.Acquire("q", SID, 1, 2))
     assert queue_digest(p, "q") == queue_digest(d, "q")  # acquisition is not content
-    eff = apply(p, Accept("q", SID, tuple(e.message.pos for e in got)))  # type: ignore[union-attr]
+    eff = apply(p, pc.Accept("q", SID, tuple(e.message.pos for e in got)))  # type: ignore[union-attr]
     removed = next(e for e in eff if isinstance(e, Dequeued))
     assert queue_digest(p, "q") != queue_digest(d, "q")
-    apply(d, feed.rep((Mode.FULL, Dequeue("q", removed.positions))))
+    apply(d, feed.rep((Mode.FULL, pc.Dequeue("q", removed.positions))))
     assert queue_digest(p, "q") == queue_digest(d, "q")
     assert queue_digest(d, "nope") is None

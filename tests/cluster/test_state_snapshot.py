@@ -30,42 +30,12 @@ from cluster.state import (
     snapshot,
     statistics,
 )
-from protocol.cluster import (
-    Accept,
-    AcceptIncarnation,
-    AckWatermark,
-    Acquire,
-    Bind,
-    Dequeue,
-    Enqueue,
-    ExchangeDeclare,
-    ExchangeDelete,
-    ExchangeType,
-    Genesis,
-    MemberReady,
-    Promote,
-    Publish,
-    Purge,
-    QueueDeclare,
-    QueueDelete,
-    Release,
-    Replicated,
-    RulesSwitch,
-    SessionClose,
-    SessionOpen,
-    Unbind,
-)
+from protocol import cluster as pc
 from protocol.errors import RemoteProtocolError
 from protocol.modes import Mode, Role
+from tests.support.state import Member, genesis_state
 
-
-@dataclass(frozen=True, slots=True)
-class M:
-    node: int
-    pid: int
-
-
-MEMBERS = (M(1, 11), M(2, 22), M(3, 33))
+MEMBERS = (Member(1, 11), Member(2, 22), Member(3, 33))
 QUEUES = ("q0", "q1", "q2")
 EXCHANGES = ("", "amq.direct", "amq.fanout", "amq.topic", "x0")
 KEYS = ("a", "a.b", "q0", "q1", "#", "a.*")
@@ -85,16 +55,16 @@ args = st.dictionaries(
 body = st.binary(max_size=6)
 
 local_command = st.one_of(
-    st.builds(QueueDeclare, queue, args),
-    st.builds(QueueDelete, queue),
+    st.builds(pc.QueueDeclare, queue, args),
+    st.builds(pc.QueueDelete, queue),
     st.builds(
-        ExchangeDeclare, st.sampled_from(EXCHANGES), st.sampled_from(list(ExchangeType)), args
+        pc.ExchangeDeclare, st.sampled_from(EXCHANGES), st.sampled_from(list(pc.ExchangeType)), args
     ),
-    st.builds(ExchangeDelete, st.sampled_from(EXCHANGES)),
-    st.builds(Bind, st.sampled_from(EXCHANGES), queue, st.sampled_from(KEYS)),
-    st.builds(Unbind, st.sampled_from(EXCHANGES), queue, st.sampled_from(KEYS)),
+    st.builds(pc.ExchangeDelete, st.sampled_from(EXCHANGES)),
+    st.builds(pc.Bind, st.sampled_from(EXCHANGES), queue, st.sampled_from(KEYS)),
+    st.builds(pc.Unbind, st.sampled_from(EXCHANGES), queue, st.sampled_from(KEYS)),
     st.builds(
-        Publish,
+        pc.Publish,
         st.sampled_from(EXCHANGES),
         st.sampled_from(KEYS),
         body,
@@ -102,32 +72,34 @@ local_command = st.one_of(
         st.dictionaries(st.text(max_size=2), value, max_size=2),
         st.integers(0, 9),
     ),
-    st.builds(Publish, st.just(""), queue, body),
-    st.builds(Acquire, queue, session, st.integers(0, 2), st.integers(0, 4)),
-    st.builds(Accept, queue, session, positions),
-    st.builds(Release, queue, session, positions, st.booleans()),
-    st.builds(Purge, queue),
-    st.builds(SessionOpen, session),
-    st.builds(SessionClose, session),
-    st.builds(MemberReady, st.sampled_from(list(Role)), st.integers(1, 3), st.integers(11, 33)),
-    st.builds(Genesis, st.sampled_from(["P", "D"]), st.integers(0, 3)),
-    st.builds(RulesSwitch, st.binary(max_size=4)),
-    st.builds(AckWatermark, st.just("P"), st.integers(1, 2), st.integers(0, 9), st.integers(0, 9)),
-    st.builds(Promote, st.just("P"), st.integers(0, 4), st.integers(0, 9)),
-    st.builds(AcceptIncarnation, st.just("P"), st.integers(1, 2)),
+    st.builds(pc.Publish, st.just(""), queue, body),
+    st.builds(pc.Acquire, queue, session, st.integers(0, 2), st.integers(0, 4)),
+    st.builds(pc.Accept, queue, session, positions),
+    st.builds(pc.Release, queue, session, positions, st.booleans()),
+    st.builds(pc.Purge, queue),
+    st.builds(pc.SessionOpen, session),
+    st.builds(pc.SessionClose, session),
+    st.builds(pc.MemberReady, st.sampled_from(list(Role)), st.integers(1, 3), st.integers(11, 33)),
+    st.builds(pc.Genesis, st.sampled_from(["P", "D"]), st.integers(0, 3)),
+    st.builds(pc.RulesSwitch, st.binary(max_size=4)),
+    st.builds(
+        pc.AckWatermark, st.just("P"), st.integers(1, 2), st.integers(0, 9), st.integers(0, 9)
+    ),
+    st.builds(pc.Promote, st.just("P"), st.integers(0, 4), st.integers(0, 9)),
+    st.builds(pc.AcceptIncarnation, st.just("P"), st.integers(1, 2)),
 )
 
 inner = st.one_of(
-    st.builds(QueueDeclare, queue, args),
-    st.builds(QueueDelete, queue),
-    st.builds(Enqueue, queue, st.integers(1, 12), body, st.text(max_size=2)),
-    st.builds(Dequeue, queue, positions),
-    st.builds(Purge, queue),
-    st.builds(Bind, st.sampled_from(EXCHANGES), queue, st.sampled_from(KEYS)),
-    st.builds(ExchangeDeclare, st.just("x0"), st.sampled_from(list(ExchangeType))),
+    st.builds(pc.QueueDeclare, queue, args),
+    st.builds(pc.QueueDelete, queue),
+    st.builds(pc.Enqueue, queue, st.integers(1, 12), body, st.text(max_size=2)),
+    st.builds(pc.Dequeue, queue, positions),
+    st.builds(pc.Purge, queue),
+    st.builds(pc.Bind, st.sampled_from(EXCHANGES), queue, st.sampled_from(KEYS)),
+    st.builds(pc.ExchangeDeclare, st.just("x0"), st.sampled_from(list(pc.ExchangeType))),
 )
 replicated = st.builds(
-    lambda inc, cseq, epoch, items: Replicated(
+    lambda inc, cseq, epoch, items: pc.Replicated(
         "P", inc, cseq, epoch, cseq * 10, tuple(m for m, _ in items), tuple(c for _, c in items)
     ),
     st.sampled_from([1, 1, 1, 2]),
@@ -139,10 +111,10 @@ replicated = st.builds(
 
 @dataclass(frozen=True, slots=True)
 class Left:
-    members: tuple[M, ...]
+    members: tuple[Member, ...]
 
 
-def _own_session(cls: type[SessionOpen] | type[SessionClose]) -> st.SearchStrategy[Any]:
+def _own_session(cls: type[pc.SessionOpen] | type[pc.SessionClose]) -> st.SearchStrategy[Any]:
     """A session command sent by the member that owns the session."""
     return st.builds(
         lambda m, n: ("cmd", cls(session_id(m.node, m.pid, n)), m), member, st.integers(1, 2)
@@ -152,12 +124,16 @@ def _own_session(cls: type[SessionOpen] | type[SessionClose]) -> st.SearchStrate
 base_session = st.sampled_from([session_id(m.node, m.pid, 1) for m in MEMBERS])
 small_positions = st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple)
 hot_command = st.one_of(
-    st.builds(Publish, st.just(""), st.sampled_from(["q0", "q2"]), body, st.text(max_size=2)),
+    st.builds(pc.Publish, st.just(""), st.sampled_from(["q0", "q2"]), body, st.text(max_size=2)),
     st.builds(
-        Acquire, st.sampled_from(["q0", "q2"]), base_session, st.integers(0, 2), st.integers(1, 3)
+        pc.Acquire,
+        st.sampled_from(["q0", "q2"]),
+        base_session,
+        st.integers(0, 2),
+        st.integers(1, 3),
     ),
-    st.builds(Accept, queue, base_session, small_positions),
-    st.builds(Release, queue, base_session, small_positions, st.booleans()),
+    st.builds(pc.Accept, queue, base_session, small_positions),
+    st.builds(pc.Release, queue, base_session, small_positions, st.booleans()),
 )
 
 step = st.one_of(
@@ -170,9 +146,9 @@ step = st.one_of(
     # of this branch, so that sessions live long enough to acquire.
     st.integers(0, 11).flatmap(
         lambda i: (
-            _own_session(SessionOpen)
+            _own_session(pc.SessionOpen)
             if i > 1
-            else _own_session(SessionClose)
+            else _own_session(pc.SessionClose)
             if i == 1
             else st.tuples(
                 st.just("left"),
@@ -184,22 +160,22 @@ step = st.one_of(
 )
 
 BASE: list[Any] = [
-    ("cmd", Genesis("D", 9), MEMBERS[0]),
-    ("cmd", QueueDeclare("q0"), MEMBERS[0]),
+    ("cmd", pc.Genesis("D", 9), MEMBERS[0]),
+    ("cmd", pc.QueueDeclare("q0"), MEMBERS[0]),
     (
         "cmd",
-        Replicated(
+        pc.Replicated(
             "P",
             1,
             1,
             1,
             10,
             (Mode.FULL, Mode.ENQUEUE, Mode.FULL),
-            (QueueDeclare("q1"), QueueDeclare("q2"), Enqueue("q1", 1, b"m")),
+            (pc.QueueDeclare("q1"), pc.QueueDeclare("q2"), pc.Enqueue("q1", 1, b"m")),
         ),
         MEMBERS[1],
     ),
-    *[("cmd", SessionOpen(session_id(m.node, m.pid, 1)), m) for m in MEMBERS],
+    *[("cmd", pc.SessionOpen(session_id(m.node, m.pid, 1)), m) for m in MEMBERS],
 ]
 """Where every generated history starts: a local queue, a full and an enqueue
 replica, one open session per member."""
@@ -263,30 +239,33 @@ def test_same_commands_same_state_and_snapshot_of_a_prefix_catches_up(
 
 
 def busy_state() -> SiteState:
-    s = new_state()
-    apply(s, Genesis("D", 12345))
-    apply(s, RulesSwitch(b"rules: yes"))
-    apply(s, MemberReady(Role.BROKER, 1, 11))
-    apply(s, AckWatermark("P", 1, 10, 20))
-    apply(s, QueueDeclare("local", {"qpid.max_count": 100, "f": 1.5, "b": b"\x01", "n": None}))
-    apply(s, ExchangeDeclare("ex", ExchangeType.TOPIC, {"t": True}))
-    apply(s, Bind("ex", "local", "a.#", {"x-match": "all"}))
-    rep = Replicated(
+    s = genesis_state("D", 12345)
+    apply(s, pc.RulesSwitch(b"rules: yes"))
+    apply(s, pc.MemberReady(Role.BROKER, 1, 11))
+    apply(s, pc.AckWatermark("P", 1, 10, 20))
+    apply(s, pc.QueueDeclare("local", {"qpid.max_count": 100, "f": 1.5, "b": b"\x01", "n": None}))
+    apply(s, pc.ExchangeDeclare("ex", pc.ExchangeType.TOPIC, {"t": True}))
+    apply(s, pc.Bind("ex", "local", "a.#", {"x-match": "all"}))
+    rep = pc.Replicated(
         "P",
         7,
         1,
         1,
         99,
         (Mode.FULL, Mode.ENQUEUE, Mode.FULL),
-        (QueueDeclare("mirror"), QueueDeclare("work"), Enqueue("mirror", 5, b"m", "id", {"k": 1})),
+        (
+            pc.QueueDeclare("mirror"),
+            pc.QueueDeclare("work"),
+            pc.Enqueue("mirror", 5, b"m", "id", {"k": 1}),
+        ),
     )
     apply(s, rep)
     sid = session_id(1, 11, 1)
-    apply(s, SessionOpen(sid), sender=M(1, 11))
+    apply(s, pc.SessionOpen(sid), sender=Member(1, 11))
     for i in range(5):
-        apply(s, Publish("ex", "a.b", b"x" * i, f"m{i}", {"i": i} if i % 2 else {}, ref=i))
-    apply(s, Acquire("local", sid, 3, 2))
-    apply(s, Release("local", sid, (1,)))
+        apply(s, pc.Publish("ex", "a.b", b"x" * i, f"m{i}", {"i": i} if i % 2 else {}, ref=i))
+    apply(s, pc.Acquire("local", sid, 3, 2))
+    apply(s, pc.Release("local", sid, (1,)))
     return s
 
 
@@ -308,13 +287,13 @@ def test_snapshot_round_trip_keeps_everything() -> None:
     )
     # The restored state behaves the same: the next acquire takes pos 1 (released).
     sid = session_id(1, 11, 1)
-    assert apply(r, Acquire("local", sid, 3, 5)) == apply(s, Acquire("local", sid, 3, 5))
+    assert apply(r, pc.Acquire("local", sid, 3, 5)) == apply(s, pc.Acquire("local", sid, 3, 5))
 
 
 def test_digest_changes_with_state() -> None:
     s = busy_state()
     d0 = digest(s)
-    apply(s, Purge("local"))
+    apply(s, pc.Purge("local"))
     assert digest(s) != d0
 
 
@@ -348,10 +327,10 @@ def test_restore_fuzz_fails_only_with_remote_protocol_error(data: st.DataObject)
 
 def test_snapshot_of_100k_messages_is_fast() -> None:
     s = new_state()
-    apply(s, QueueDeclare("q"))
+    apply(s, pc.QueueDeclare("q"))
     body = b"x" * 100
     for i in range(100_000):
-        apply(s, Publish("", "q", body, f"id-{i}", {"n": i} if i % 10 == 0 else {}, ref=i))
+        apply(s, pc.Publish("", "q", body, f"id-{i}", {"n": i} if i % 10 == 0 else {}, ref=i))
     t0 = time.perf_counter()
     blob = snapshot(s)
     t1 = time.perf_counter()
@@ -383,29 +362,29 @@ def seeded_workload(seed: int, n: int) -> list[Any]:
         r = rng.random()
         q = rng.choice(["q0", "q2"])
         if r < 0.3:
-            steps.append(("cmd", Publish("", q, rng.randbytes(rng.randint(0, 8))), m))
+            steps.append(("cmd", pc.Publish("", q, rng.randbytes(rng.randint(0, 8))), m))
         elif r < 0.5:
-            steps.append(("cmd", Acquire(q, sid, rng.randint(0, 3), rng.randint(1, 3)), m))
+            steps.append(("cmd", pc.Acquire(q, sid, rng.randint(0, 3), rng.randint(1, 3)), m))
         elif r < 0.65:
             pos = tuple(rng.sample(range(1, 40), 3))
-            cls = rng.choice([Accept, Release])
+            cls = rng.choice([pc.Accept, pc.Release])
             steps.append(("cmd", cls(q, sid, pos), m))
         elif r < 0.85:
             origin_cseq += rng.choice([1, 1, 1, 0, -1])  # some duplicates
             target = rng.choice(["q1", "q2"])
             origin_pos[target] += 1
-            inner: Any = Enqueue(target, origin_pos[target], b"r")
+            inner: Any = pc.Enqueue(target, origin_pos[target], b"r")
             if rng.random() < 0.3:
-                inner = Dequeue(target, (rng.randint(1, origin_pos[target]),))
+                inner = pc.Dequeue(target, (rng.randint(1, origin_pos[target]),))
             epoch = rng.choice([1, 1, 1, 1, 0])
             mode = Mode.FULL if target == "q1" else Mode.ENQUEUE
             steps.append(
-                ("cmd", Replicated("P", 1, origin_cseq, epoch, 0, (mode,), (inner,)), MEMBERS[1])
+                ("cmd", pc.Replicated("P", 1, origin_cseq, epoch, 0, (mode,), (inner,)), MEMBERS[1])
             )
         elif r < 0.93:
-            steps.append(("cmd", SessionOpen(sid), m))
+            steps.append(("cmd", pc.SessionOpen(sid), m))
         elif r < 0.97:
-            steps.append(("cmd", SessionClose(sid), m))
+            steps.append(("cmd", pc.SessionClose(sid), m))
         else:
             steps.append(("left", Left((m,)), m))
     return steps

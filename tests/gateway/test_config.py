@@ -4,6 +4,7 @@ reported with its file, line and column; a good file builds the frozen config.""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,20 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 def problems_of(exc: ConfigError) -> list[str]:
     return [str(p) for p in exc.problems]
+
+
+def assert_one_problem(
+    load: Callable[[str], object], path: Path, line: int, column: int, words: list[str]
+) -> None:
+    """``load(path)`` raises ConfigError with one problem, at ``path:line:column``,
+    whose text holds every one of ``words``."""
+    with pytest.raises(ConfigError) as caught:
+        load(str(path))
+    found = problems_of(caught.value)
+    assert len(found) == 1, found
+    assert found[0].startswith(f"{path}:{line}:{column}: error: "), found
+    for word in words:
+        assert word in found[0]
 
 
 # (case id, config text, line, column, words the message must contain)
@@ -157,13 +172,7 @@ def test_broker_config_mistakes_name_file_line_column(
     tmp_path: Path, text: str, line: int, column: int, words: list[str]
 ) -> None:
     path = write(tmp_path, "broker.yaml", text)
-    with pytest.raises(ConfigError) as caught:
-        load_broker_config(str(path))
-    found = problems_of(caught.value)
-    assert len(found) == 1, found
-    assert found[0].startswith(f"{path}:{line}:{column}: error: "), found
-    for word in words:
-        assert word in found[0]
+    assert_one_problem(load_broker_config, path, line, column, words)
 
 
 def test_broker_config_reports_every_mistake_at_once_in_file_order(tmp_path: Path) -> None:
@@ -326,13 +335,7 @@ def test_sidecar_config_mistakes_name_file_line_column(
 ) -> None:
     assert callable(edit)
     path = write(tmp_path, "sidecar.yaml", edit(sidecar()))
-    with pytest.raises(ConfigError) as caught:
-        load_sidecar_config(str(path))
-    found = problems_of(caught.value)
-    assert len(found) == 1, found
-    assert found[0].startswith(f"{path}:{line}:{column}: error: "), found
-    for word in words:
-        assert word in found[0]
+    assert_one_problem(load_sidecar_config, path, line, column, words)
 
 
 def test_a_bad_rules_file_is_reported_with_its_own_lines(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from rich.console import Console
 from gateway.cli import main as drgate
 from gateway.demo import DemoOptions, run_demo
 from lab.netns import list_netns
-from tests.lab import corosync_unavailable
+from tests.lab import require_corosync
 
 
 @pytest.mark.e2e
@@ -49,11 +49,7 @@ def test_demo_holds_every_invariant_through_an_egress_kill(tmp_path: Path) -> No
 @pytest.mark.integration
 @pytest.mark.slow
 def test_lab_up_on_corosync_runs_both_sites_until_lab_down(tmp_path: Path) -> None:
-    reason = corosync_unavailable()
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the corosync suite must run in CI: {reason}")
-        pytest.skip(reason)
+    require_corosync()
     root = Path(__file__).resolve().parents[2]
     # Wide enough that rich does not cut the role column.
     env = dict(os.environ, PYTHONPATH=str(root), COLUMNS="250")

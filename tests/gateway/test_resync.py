@@ -25,26 +25,11 @@ from gateway import resync as rs
 from lab.site import LAB_RULES, TwoSites, finish_client
 from protocol import cluster as pc
 from tests.lab import BUSES, converged, queues, require_bus, status, wait_for
+from tests.support.state import genesis_state
 
 DEADLINE_S = 60.0
 MODES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring", "q-none": "none"}
 LOADED = 10_000
-
-
-def start_p_first(two: TwoSites) -> None:
-    """P's brokers and sidecars, D's brokers and the WAN; no D sidecar yet."""
-    two.start_labs()
-    two.p.start()
-    two.d.start()
-    for n in two.nodes:
-        two.start_wan(n)
-    for n in two.nodes:
-        two.start_sidecar(two.p, n)
-
-
-def start_d_sidecars(two: TwoSites) -> None:
-    for n in two.nodes:
-        two.start_sidecar(two.d, n)
 
 
 @pytest.fixture
@@ -62,7 +47,7 @@ def two_any(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TwoSites
 def _p_first(tmp_path: Path, bus: str) -> Iterator[TwoSites]:
     sites = TwoSites(workdir=tmp_path, metrics=True, bus=bus)
     try:
-        start_p_first(sites)
+        sites.start_p_first()
         for queue, mode in MODES.items():
             done = sites.p.admin(1, "add-queue", queue, "--replicate", mode)
             assert done.returncode == 0, done.stderr
@@ -106,7 +91,7 @@ def test_empty_d_is_seeded_by_resync_while_p_takes_traffic(two: TwoSites) -> Non
     assert taken["received"] == 1000
     live = [publish(two, q, 2000, start=LOADED + 1) for q in ("q-full", "q-enq")]
     started = time.monotonic()
-    start_d_sidecars(two)
+    two.start_d_sidecars()
     for p in live:
         assert finish_client(p)["accepted"] == 2000
     took = wait_for("D's full replica equals P's queue", lambda: converged(two, queue="q-full"))
@@ -133,7 +118,7 @@ def test_wan_cut_during_a_resync_restarts_it(two_any: TwoSites) -> None:
     load_p(two)
     for n in two.nodes:  # slow enough to cut the resync in the middle
         two.wan(n, "set rate_bps=40000 dir=up")
-    start_d_sidecars(two)
+    two.start_d_sidecars()
 
     def midway() -> bool:
         resync = status(two, "site-d", 1)["resync"]
@@ -158,7 +143,7 @@ def test_wan_cut_during_a_resync_restarts_it(two_any: TwoSites) -> None:
 def test_rules_switch_none_to_full_brings_existing_messages(two: TwoSites) -> None:
     # q-none holds 1,000 messages; re-declaring it with qpid.replicate=all
     # switches it to full at that cseq.
-    start_d_sidecars(two)
+    two.start_d_sidecars()
     assert finish_client(publish(two, "q-none", 1000))["accepted"] == 1000
     wait_for("the link is up", lambda: status(two, "site-p", 1)["link_state"] == "up")
     assert "q-none" not in queues(two.d.describe(1))
@@ -176,14 +161,8 @@ def test_rules_switch_none_to_full_brings_existing_messages(two: TwoSites) -> No
 # ---------------------------------------------------------------------------
 
 
-def _site(name: str, incarnation: int) -> st.SiteState:
-    state = st.new_state()
-    st.apply(state, pc.Genesis(name, incarnation))
-    return state
-
-
 def _p_with_messages(n: int) -> st.SiteState:
-    p = _site("site-p", 7)
+    p = genesis_state("site-p", 7)
     for queue, mode in (("q-full", "all"), ("q-enq", "all"), ("q-wire", "configuration")):
         args: dict[str, pc.Value] = {"qpid.replicate": mode}
         if queue == "q-enq":
@@ -211,7 +190,7 @@ def _resync(p: st.SiteState, epoch: int = 1) -> pc.ResyncApply:
 
 def test_resync_apply_replaces_full_and_keeps_what_d_consumed() -> None:
     p = _p_with_messages(50)
-    d = _site("site-d", 9)
+    d = genesis_state("site-d", 9)
     # A frame round trip, as it crosses D's bus.
     (cmd,) = pc.decode_frame_untrusted(pc.encode_frame([_resync(p)]))
     assert isinstance(cmd, pc.ResyncApply)
@@ -247,7 +226,7 @@ def test_resync_apply_replaces_full_and_keeps_what_d_consumed() -> None:
 
 
 def test_resync_apply_is_refused_for_an_unaccepted_incarnation_and_bad_bytes() -> None:
-    d = _site("site-d", 9)
+    d = genesis_state("site-d", 9)
     st.apply(d, _resync(_p_with_messages(5)))
     before = st.queue_digest(d, "q-full")
     reborn = _p_with_messages(2)
@@ -268,7 +247,7 @@ def test_resync_apply_is_refused_for_an_unaccepted_incarnation_and_bad_bytes() -
 
 
 def test_resync_after_promotion_is_fenced() -> None:
-    d = _site("site-d", 9)
+    d = genesis_state("site-d", 9)
     p = _p_with_messages(3)
     st.apply(d, _resync(p))
     st.apply(d, pc.Promote("site-p", 2, 0))

@@ -61,8 +61,7 @@ def test_d_down_while_every_spool_overflowed_is_resynced_without_redelivery(
             f"P sidecar {n}'s spool overflowed",
             lambda n=n: status(two, "site-p", n)["spool"]["needs_resync"] is True,
         )
-    for n in two.nodes:
-        two.start_sidecar(two.d, n)
+    two.start_d_sidecars()
     wait_for("D's full replica equals P's queue after the resync", lambda: converged(two))
     assert status(two, "site-p", 1)["resync"]["total"] >= 1
     got = two.d.client(2, "consume", two.d.amqp[2], "q-enq", "--count", "3000", "--idle", "10")
@@ -77,8 +76,7 @@ def test_active_egress_killed_mid_resync_restarts_it_on_the_standby(two: TwoSite
         assert finish_client(publisher)["accepted"] == 3000
     for n in two.nodes:  # slow enough to catch the resync in the middle
         two.wan(n, "set rate_bps=4000 dir=up")
-    for n in two.nodes:
-        two.start_sidecar(two.d, n)
+    two.start_d_sidecars()
 
     def midway() -> bool:
         # D's ingress counts the chunks it has; P's egress hears of them only

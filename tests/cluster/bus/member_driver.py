@@ -1,7 +1,8 @@
 """A bus member driven by line commands on stdin, reporting JSON lines on stdout.
 
-Used by the contract suite (and the benchmark) to run members as separate
-processes, inside a lab node's network namespace for the corosync backend.
+Used by the contract suite to run members as separate processes, inside a
+lab node's network namespace for the corosync backend; ``drive_member`` runs
+the same member in-process on the memory bus (tests/support/membus.py).
 
 stdin commands:   send COUNT SIZE   multicast COUNT payloads of SIZE bytes
                   slow MS           sleep MS after reading each event
@@ -22,6 +23,8 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import trio
@@ -29,7 +32,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from cluster.addresses import parse_address
-from cluster.bus import BusConfig, Delivery, open_bus
+from cluster.bus import BusConfig, BusEvent, BusMember, Delivery, open_bus
 from protocol.errors import BusError
 from protocol.modes import Role
 
@@ -51,6 +54,86 @@ def emit(record: dict[str, object]) -> None:
     sys.stdout.flush()
 
 
+def event_record(event: BusEvent) -> dict[str, object]:
+    if isinstance(event, Delivery):
+        tag, ok = check_payload(event.payload)
+        return {
+            "t": "msg",
+            "from": str(event.sender),
+            "tag": tag,
+            "len": len(event.payload),
+            "ok": ok,
+        }
+    return {
+        "t": "view",
+        "id": event.view_id,
+        "members": [str(m) for m in event.members],
+        "joined": [str(m) for m in event.joined],
+        "left": [str(m) for m in event.left],
+        "q": event.quorate,
+    }
+
+
+async def drive_member(
+    open_member: Callable[[], AbstractAsyncContextManager[BusMember]],
+    lines: AsyncIterator[str],
+    report: Callable[[dict[str, object]], None],
+) -> int:
+    """Join with ``open_member()``, obey the command ``lines`` and ``report``
+    records (see the module docstring) until the stream or the lines end.
+    Returns the exit status: 0, or 2 after reporting a ``BusError``."""
+    slow = [0.0]
+    sent = [0]
+    try:
+        async with open_member() as member, trio.open_nursery() as nursery:
+            report({"t": "me", "me": str(member.me)})
+
+            async def send(count: int, size: int) -> None:
+                for _ in range(count):
+                    sent[0] += 1
+                    await member.multicast(make_payload(f"{member.me}#{sent[0]}", size))
+                report({"t": "sent", "n": count})
+
+            async def commands() -> None:
+                async for line in lines:
+                    words = line.split()
+                    if not words:
+                        continue
+                    if words[0] == "send":
+                        nursery.start_soon(send, int(words[1]), int(words[2]))
+                    elif words[0] == "slow":
+                        slow[0] = int(words[1]) / 1000
+                    elif words[0] == "stats":
+                        stats = member.statistics()  # type: ignore[attr-defined]
+                        report({"t": "stats", **dataclasses.asdict(stats)})
+                    elif words[0] == "leave":
+                        await member.leave()
+                        report({"t": "left"})
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(commands)
+            async for event in member.events():
+                report(event_record(event))
+                if slow[0]:
+                    await trio.sleep(slow[0])  # simulates a slow application
+            report({"t": "end"})
+            nursery.cancel_scope.cancel()
+    except BusError as exc:
+        report({"t": "error", "text": str(exc)})
+        return 2
+    return 0
+
+
+async def stdin_lines() -> AsyncIterator[str]:
+    stdin = trio.lowlevel.FdStream(0)
+    buffer = b""
+    while data := await stdin.receive_some(4096):
+        buffer += data
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            yield line.decode()
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", required=True)
@@ -60,75 +143,7 @@ async def main() -> int:
     args = parser.parse_args()
     address = None if args.address is None else parse_address(args.address, key="--address")
     config = BusConfig(args.backend, args.group, args.node, address)
-    slow = [0.0]
-    sent = [0]
-    try:
-        async with open_bus(config, role=Role.ADMIN) as member, trio.open_nursery() as nursery:
-            emit({"t": "me", "me": str(member.me)})
-
-            async def send(count: int, size: int) -> None:
-                for _ in range(count):
-                    sent[0] += 1
-                    await member.multicast(make_payload(f"{member.me}#{sent[0]}", size))
-                emit({"t": "sent", "n": count})
-
-            async def commands() -> None:
-                stdin = trio.lowlevel.FdStream(0)
-                buffer = b""
-                while True:
-                    data = await stdin.receive_some(4096)
-                    if not data:
-                        nursery.cancel_scope.cancel()
-                        return
-                    buffer += data
-                    while b"\n" in buffer:
-                        line, buffer = buffer.split(b"\n", 1)
-                        words = line.decode().split()
-                        if not words:
-                            continue
-                        if words[0] == "send":
-                            nursery.start_soon(send, int(words[1]), int(words[2]))
-                        elif words[0] == "slow":
-                            slow[0] = int(words[1]) / 1000
-                        elif words[0] == "stats":
-                            stats = member.statistics()  # type: ignore[attr-defined]
-                            emit({"t": "stats", **dataclasses.asdict(stats)})
-                        elif words[0] == "leave":
-                            await member.leave()
-                            emit({"t": "left"})
-
-            nursery.start_soon(commands)
-            async for event in member.events():
-                if isinstance(event, Delivery):
-                    tag, ok = check_payload(event.payload)
-                    emit(
-                        {
-                            "t": "msg",
-                            "from": str(event.sender),
-                            "tag": tag,
-                            "len": len(event.payload),
-                            "ok": ok,
-                        }
-                    )
-                else:
-                    emit(
-                        {
-                            "t": "view",
-                            "id": event.view_id,
-                            "members": [str(m) for m in event.members],
-                            "joined": [str(m) for m in event.joined],
-                            "left": [str(m) for m in event.left],
-                            "q": event.quorate,
-                        }
-                    )
-                if slow[0]:
-                    await trio.sleep(slow[0])  # simulates a slow application
-            emit({"t": "end"})
-            nursery.cancel_scope.cancel()
-    except BusError as exc:
-        emit({"t": "error", "text": str(exc)})
-        return 2
-    return 0
+    return await drive_member(lambda: open_bus(config, role=Role.ADMIN), stdin_lines(), emit)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,16 @@
-"""One contract suite for every site bus backend (ARCHITECTURE section 4).
+"""One contract suite for every site bus backend (docs/architecture.md, section 4).
 
 Members run as separate processes (``member_driver.py``), so that one can be
 killed with SIGKILL; for the corosync backend each runs inside its node's
-network namespace of a 3-node lab site (lab/netns.py).  The same test
-code runs on both backends; cases that need partitions are corosync only.
+network namespace of a 3-node lab site (lab/netns.py).  On the
+in-memory bus of the fast tests (tests/support/membus.py) the same driver
+runs as a task and a kill is the hub's.  The same test code runs on every
+backend; cases that need partitions are corosync only.
 """
 
 from __future__ import annotations
 
-import ctypes.util
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -24,7 +24,10 @@ from typing import Any
 import pytest
 import trio
 
-from lab.netns import CorosyncSite, lab_unavailable_reason, list_netns
+from lab.netns import CorosyncSite
+from tests.cluster.bus.member_driver import drive_member
+from tests.lab import corosync_lab
+from tests.support.membus import MemoryBus, MemoryMember
 
 DRIVER = Path(__file__).with_name("member_driver.py")
 REPO = Path(__file__).resolve().parents[3]
@@ -37,40 +40,24 @@ BACKENDS = [
         "corosync",
         marks=[pytest.mark.corosync, pytest.mark.integration, pytest.mark.slow],
     ),
+    "memory",
 ]
-
-
-def _corosync_unavailable() -> str | None:
-    reason = lab_unavailable_reason()
-    if reason is None and ctypes.util.find_library("cpg") is None:
-        reason = "libcpg is not installed (apt-get install corosync)"
-    return reason
 
 
 @pytest.fixture(scope="module")
 def corosync_site() -> Iterator[CorosyncSite]:
-    reason = _corosync_unavailable()
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the corosync suite must run in CI: {reason}")
-        pytest.skip(reason)
-    site = CorosyncSite("bustest", nodes=3, subnet="10.213.7", prefix=LAB_PREFIX)
-    with site:
+    with corosync_lab("bustest", subnet="10.213.7", prefix=LAB_PREFIX) as site:
         yield site
-    # The suite's own check that nothing is left behind, pass or fail.
-    assert site.leftovers() == []
-    assert [n for n in list_netns() if n.startswith(LAB_PREFIX)] == []
-    root_links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
-    assert LAB_PREFIX not in root_links.stdout
 
 
 @dataclass
 class Bus:
     backend: str
     group: str
-    argv_in_node: Callable[[int, list[str]], list[str]]
+    argv_in_node: Callable[[int, list[str]], list[str]] = lambda _node, argv: argv
     address: str | None = None
     site: CorosyncSite | None = None
+    hub: MemoryBus | None = None  # the memory backend: members are tasks
 
     def member_argv(self, node: int) -> list[str]:
         argv = [sys.executable, str(DRIVER), "--backend", self.backend]
@@ -87,6 +74,9 @@ def bus(request: pytest.FixtureRequest) -> Iterator[Bus]:
         site = request.getfixturevalue("corosync_site")
         yield Bus("corosync", group, site.ns_argv, site=site)
         return
+    if request.param == "memory":
+        yield Bus("memory", group, hub=MemoryBus())
+        return
     sequencer = subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", "bus", "--listen", "127.0.0.1:0", "--group", group],
         stdout=subprocess.PIPE,
@@ -98,7 +88,7 @@ def bus(request: pytest.FixtureRequest) -> Iterator[Bus]:
         line = sequencer.stdout.readline()
         assert line.startswith("listening on "), line
         address = line.split()[2]
-        yield Bus("embedded", group, lambda _node, argv: argv, address=address)
+        yield Bus("embedded", group, address=address)
     finally:
         sequencer.send_signal(signal.SIGTERM)
         try:
@@ -113,29 +103,41 @@ def bus(request: pytest.FixtureRequest) -> Iterator[Bus]:
 
 @dataclass(eq=False)
 class Member:
-    """One member process and what it reported so far."""
+    """One member (a process, or a task on the memory bus) and what it reported so far."""
 
-    process: trio.Process
     node: int
+    process: trio.Process | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
     changed: trio.Event = field(default_factory=trio.Event)
     me: str = ""
+    # The memory backend: the driver task, its command lines, its bus member.
+    task_scope: trio.CancelScope | None = None
+    lines: trio.MemorySendChannel[str] | None = None
+
+    def report(self, record: dict[str, Any]) -> None:
+        if record["t"] == "me":
+            self.me = record["me"]
+        self.records.append(record)
+        self.changed.set()
+        self.changed = trio.Event()
 
     async def pump(self) -> None:
-        assert self.process.stdout is not None
+        assert self.process is not None and self.process.stdout is not None
         buffer = b""
         async for data in self.process.stdout:
             buffer += data
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
-                record = json.loads(line)
-                if record["t"] == "me":
-                    self.me = record["me"]
-                self.records.append(record)
-            self.changed.set()
-            self.changed = trio.Event()
-        self.records.append({"t": "exit"})
-        self.changed.set()
+                self.report(json.loads(line))
+        self.report({"t": "exit"})
+
+    def kill(self) -> None:
+        """SIGKILL: the member ends without a goodbye or another word."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGKILL)
+            return
+        assert self.task_scope is not None
+        self.task_scope.cancel()  # the task drops its member from the hub as it ends
 
     async def wait_for(self, condition: Callable[[Member], bool], what: str) -> None:
         try:
@@ -151,7 +153,10 @@ class Member:
             ) from None
 
     async def command(self, text: str) -> None:
-        assert self.process.stdin is not None
+        if self.lines is not None:
+            await self.lines.send(text)
+            return
+        assert self.process is not None and self.process.stdin is not None
         await self.process.stdin.send_all(text.encode() + b"\n")
 
     @property
@@ -202,12 +207,15 @@ async def open_members(bus: Bus) -> AsyncIterator[Callable[[int], Any]]:
     async with trio.open_nursery() as nursery:
 
         async def start(node: int) -> Member:
-            process = await trio.lowlevel.open_process(
-                bus.member_argv(node), stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO
-            )
-            member = Member(process, node)
+            if bus.hub is not None:
+                member: Member = await nursery.start(_serve_memory_member, bus.hub, node)
+            else:
+                process = await trio.lowlevel.open_process(
+                    bus.member_argv(node), stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO
+                )
+                member = Member(node, process)
+                nursery.start_soon(member.pump)
             started.append(member)
-            nursery.start_soon(member.pump)
             await member.wait_for(lambda m: bool(m.views()), "first view")
             first = member.views()[0]
             assert member.me in first["members"], "the first event is the view that includes me"
@@ -216,14 +224,37 @@ async def open_members(bus: Bus) -> AsyncIterator[Callable[[int], Any]]:
         try:
             yield start
         finally:
-            for member in started:
-                if member.process.returncode is None:
-                    member.process.kill()  # by pid; the driver has nothing to save
+            processes = [m.process for m in started if m.process is not None]
+            for process in processes:
+                if process.returncode is None:
+                    process.kill()  # by pid; the driver has nothing to save
             with trio.move_on_after(10) as scope:
                 scope.shield = True
-                for member in started:
-                    await member.process.wait()
+                for process in processes:
+                    await process.wait()
             nursery.cancel_scope.cancel()
+
+
+async def _serve_memory_member(
+    hub: MemoryBus, node: int, *, task_status: trio.TaskStatus[Member]
+) -> None:
+    """``member_driver.drive_member`` as a task on ``hub``; started with its Member."""
+    lines, receive = trio.open_memory_channel[str](16)
+    member = Member(node, lines=lines)
+
+    @asynccontextmanager
+    async def open_member() -> AsyncIterator[MemoryMember]:
+        async with hub.join(node) as joined:
+            try:
+                yield joined
+            finally:
+                if member.task_scope is not None and member.task_scope.cancel_called:
+                    hub.kill(joined.me)  # killed: gone without a goodbye
+
+    with trio.CancelScope() as member.task_scope:
+        task_status.started(member)
+        await drive_member(open_member, receive, member.report)
+    member.report({"t": "exit"})
 
 
 def received(member: Member, total: int) -> Callable[[Member], bool]:
@@ -342,7 +373,7 @@ async def test_sigkill_of_a_member_gives_survivors_one_view_change(bus: Bus) -> 
         for member in (a, b, c):
             await member.command("send 300 200")
         await a.wait_for(lambda m: sum(r["from"] == c.me for r in m.messages) >= 20, "c's msgs")
-        c.process.send_signal(signal.SIGKILL)
+        c.kill()
         for member in (a, b):
             await member.wait_for(lambda m: m.sees_members(2), "view of 2")
             await member.wait_for(
