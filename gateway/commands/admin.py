@@ -4,14 +4,8 @@ The counterpart of Qpid's ``qpid-config``.  It talks AMQP 1.0 to a broker:
 requests go as JSON messages to the broker's ``$drgate.admin`` address and are
 settled once the change has come back on the site bus (so every broker has
 it); listings come from ``$drgate.queues``.  ``--replicate`` sets the Qpid
-queue arguments that the rules' ``from-args`` mode reads:
-
-=========  ==================================================================
-full       qpid.replicate=all, qpid.queue_event_generation=2
-enqueue    qpid.replicate=all, qpid.queue_event_generation=1
-wiring     qpid.replicate=configuration
-none       qpid.replicate=none
-=========  ==================================================================
+queue arguments that the rules' ``from-args`` mode reads
+(:func:`protocol.modes.declare_args`).
 """
 
 from __future__ import annotations
@@ -24,17 +18,14 @@ from rich.console import Console
 from rich.table import Table
 
 from protocol.errors import DrgateError
+from protocol.modes import Mode, declare_args
 
 NAME = "admin"
 HELP = "declare, delete and list queues, exchanges and bindings (like qpid-config)"
 TIMEOUT_S = 30.0
 
-REPLICATE_ARGS: dict[str, dict[str, Any]] = {
-    "full": {"qpid.replicate": "all", "qpid.queue_event_generation": 2},
-    "enqueue": {"qpid.replicate": "all", "qpid.queue_event_generation": 1},
-    "wiring": {"qpid.replicate": "configuration"},
-    "none": {"qpid.replicate": "none"},
-}
+REPLICATE_ARGS: dict[str, dict[str, Any]] = {mode.label: declare_args(mode) for mode in Mode}
+"""``--replicate`` label -> the queue arguments that ask for that mode."""
 
 
 class AdminError(DrgateError):
