@@ -82,13 +82,22 @@ class Tap:
         """After a state transfer: take the rules the site switched to, if any,
         and decide every queue the state holds."""
         if state.rules:
-            try:
-                payload = RulesPayload.from_bytes_untrusted(bytes(state.rules))
-                self.rules = apply_switch(self.rules, payload, state.rules_cseq)
-            except DrgateError as exc:
-                self.rules_failures += 1
-                self.last_error = f"cannot apply the site's rules: {exc}"
+            self._take_rules(state.rules, state.rules_cseq, "cannot apply the site's rules")
         self._decide_all(state)
+
+    def _take_rules(self, payload: bytes, cseq: int, failure: str) -> bool:
+        """Switch to the rules of a switch ``payload`` delivered at ``cseq``.
+        False, counted and kept in ``last_error`` (after ``failure``), when
+        they cannot be read: every tap refuses the same payload the same way,
+        so the old rules stay in force everywhere."""
+        try:
+            rules = RulesPayload.from_bytes_untrusted(payload)
+            self.rules = apply_switch(self.rules, rules, cseq)
+        except DrgateError as exc:
+            self.rules_failures += 1
+            self.last_error = f"{failure}: {exc}"
+            return False
+        return True
 
     def _decide_all(self, state: SiteState) -> None:
         for q in state.queues.values():
@@ -264,16 +273,9 @@ class Tap:
             items.append((Mode.FULL, pc.Dequeue(decision.target_name, e.positions)))
 
     def _switch(self, state: SiteState, cmd: pc.RulesSwitch) -> None:
-        try:
-            payload = RulesPayload.from_bytes_untrusted(bytes(cmd.payload))
-            self.rules = apply_switch(self.rules, payload, state.cseq)
-        except DrgateError as exc:
-            # Every tap refuses the same payload the same way: the old rules
-            # stay in force everywhere.
-            self.rules_failures += 1
-            self.last_error = f"rules switch at cseq {state.cseq} not applied: {exc}"
-            return
-        self._decide_all(state)
+        failure = f"rules switch at cseq {state.cseq} not applied"
+        if self._take_rules(bytes(cmd.payload), state.cseq, failure):
+            self._decide_all(state)
 
     def statistics(self) -> dict[str, Any]:
         return {

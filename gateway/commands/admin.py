@@ -92,16 +92,22 @@ def request_for(args: argparse.Namespace) -> dict[str, Any]:
     return request
 
 
+def _connect(url: str) -> Any:
+    """A blocking AMQP connection to ``url``; :class:`AdminError` if none."""
+    from proton.utils import BlockingConnection
+
+    try:
+        return BlockingConnection(url, timeout=TIMEOUT_S)
+    except Exception as exc:
+        raise AdminError(f"cannot connect to {url}: {exc}") from exc
+
+
 def send_request(url: str, request: dict[str, Any]) -> None:
     """Send one request; returns once every broker of the site applied it.
     Raises :class:`AdminError` with the broker's reason when it refused."""
     from proton import Disposition, Message
-    from proton.utils import BlockingConnection
 
-    try:
-        conn = BlockingConnection(url, timeout=TIMEOUT_S)
-    except Exception as exc:
-        raise AdminError(f"cannot connect to {url}: {exc}") from exc
+    conn = _connect(url)
     try:
         sender = conn.create_sender("$drgate.admin")
         delivery = sender.send(Message(body=json.dumps(request)), error_states=[])
@@ -118,12 +124,7 @@ def send_request(url: str, request: dict[str, Any]) -> None:
 
 
 def describe(url: str) -> dict[str, Any]:
-    from proton.utils import BlockingConnection
-
-    try:
-        conn = BlockingConnection(url, timeout=TIMEOUT_S)
-    except Exception as exc:
-        raise AdminError(f"cannot connect to {url}: {exc}") from exc
+    conn = _connect(url)
     try:
         receiver = conn.create_receiver("$drgate.queues")
         message = receiver.receive(timeout=TIMEOUT_S)

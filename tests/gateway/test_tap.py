@@ -6,10 +6,9 @@ effects the state machine returned, as the sidecar does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
+from cluster.bus.contract import MemberId
 from cluster.state import SiteState, apply, new_state, session_id
 from filters.rules import load_rules
 from filters.switch import RulesPayload
@@ -17,14 +16,7 @@ from gateway.tap import ReplEvent, Tap
 from protocol import cluster as pc
 from protocol.modes import Mode
 
-
-@dataclass(frozen=True, slots=True)
-class Member:
-    node: int
-    pid: int
-
-
-A = Member(1, 100)
+A = MemberId(1, 100)
 SA = session_id(1, 100, 1)
 
 # f.* full, e.* enqueue, w.* wiring, anything else none; D's names get "dr.".
