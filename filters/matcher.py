@@ -42,7 +42,8 @@ calls ``forget_queue`` on delete, so it follows the live queues of the
 shadow state, which the brokers bound.
 
 Values of headers and arguments are compared as text (:func:`as_text`):
-``1`` and ``"1"`` are equal, ``true`` equals ``"true"``.
+``1`` and ``"1"`` are equal, ``true`` equals ``"true"``.  The ``from-args``
+mode is read from the Qpid arguments by :func:`protocol.modes.from_args_mode`.
 
 Pure: no I/O, no clock, deterministic for a given rules text.
 """
@@ -55,63 +56,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from protocol.errors import Location, Problem
-from protocol.modes import Mode
-
-REPLICATE_ARG = "qpid.replicate"
-EVENT_GENERATION_ARG = "qpid.queue_event_generation"
+from protocol.modes import Mode, as_text, from_args_mode
 
 FORWARDS_MESSAGES = frozenset({Mode.FULL, Mode.ENQUEUE})
-
-
-def as_text(value: Any) -> str:
-    """How header and argument values are compared: as text.
-
-    ``True`` -> ``"true"``, ``1`` -> ``"1"``, bytes are decoded as UTF-8.
-    """
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
-    return str(value)
-
-
-def from_args_mode(args: Mapping[str, Any] | None, fallback: Mode) -> tuple[Mode, str]:
-    """The ``from-args`` table (docs/rules.md): mode and why.
-
-    ===================  ==========================  =========
-    ``qpid.replicate``   ``queue_event_generation``  mode
-    ===================  ==========================  =========
-    ``none``             any                         none
-    ``configuration``    any                         wiring
-    ``all``              ``1``                       enqueue
-    ``all``              absent, ``0``, ``2``, other full
-    absent / other       ``1``                       enqueue
-    absent / other       ``2``                       full
-    absent / other       absent, ``0``, other        fallback
-    ===================  ==========================  =========
-    """
-    replicate = None
-    generation = None
-    if args:
-        if REPLICATE_ARG in args:
-            replicate = as_text(args[REPLICATE_ARG]).strip().lower()
-        if EVENT_GENERATION_ARG in args:
-            generation = as_text(args[EVENT_GENERATION_ARG]).strip()
-    if replicate == "none":
-        return Mode.NONE, "qpid.replicate=none"
-    if replicate == "configuration":
-        return Mode.WIRING, "qpid.replicate=configuration"
-    if replicate == "all":
-        if generation == "1":
-            return Mode.ENQUEUE, "qpid.replicate=all, qpid.queue_event_generation=1"
-        return Mode.FULL, "qpid.replicate=all"
-    if generation == "1":
-        return Mode.ENQUEUE, "qpid.queue_event_generation=1"
-    if generation == "2":
-        return Mode.FULL, "qpid.queue_event_generation=2"
-    return fallback, "no replication argument: the rule's fallback"
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,9 +41,9 @@ import hashlib
 import re
 
 from protocol.errors import Location, Problem, RulesError
-from protocol.modes import Mode
+from protocol.modes import Mode, as_text
 
-from .matcher import Action, HeaderTest, Match, Rule, RuleSet, as_text, topic_regex
+from .matcher import Action, HeaderTest, Match, Rule, RuleSet, topic_regex
 from .yamldoc import (
     Node,
     Problems,

@@ -23,11 +23,11 @@ it has come back and ``applied[incarnation]`` reached the cut.  A connection
 lost before that leaves D unchanged; the next connection starts again from
 scratch.
 
-What the snapshot holds, per queue whose mode is not ``none``: its declare
-(target name, arguments, mode), its bindings, and for ``full`` and
-``enqueue`` queues every message (pos, body, id, properties, redelivered) that
-the per-message rules forward.  D applies ``enqueue`` messages only above
-its ``high_pos`` mark for the queue, so nothing D's consumers took comes back.
+What the snapshot holds: the exchanges, then per queue whose mode is not
+``none`` its content (gateway/content.py: declare, bindings, and for ``full``
+and ``enqueue`` queues the messages the per-message rules forward).  D
+applies ``enqueue`` messages only above its ``high_pos`` mark for the queue,
+so nothing D's consumers took comes back.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ import trio
 
 from cluster.bus import BusConfig
 from cluster.member import NullObserver, SiteMember
-from cluster.state.effects import Message
 from cluster.state.model import Origin, SiteState
-from filters.matcher import Drop, RuleSet
+from filters.matcher import RuleSet
+from gateway.content import QueueContent, queue_content
 from protocol import cluster as pc
 from protocol.errors import DrgateError, LinkError
 from protocol.modes import Mode, Role
@@ -64,18 +64,6 @@ ENCODE_STEP = 2000
 # Codes 20-39 are "the operator must look"; 23 is the next free one.
 NEW_INCARNATION_CODE = 23
 
-MESSAGE_MODES = (Mode.FULL, Mode.ENQUEUE)
-
-
-@dataclass(slots=True)
-class _QueuePlan:
-    target: str
-    mode: Mode
-    args: dict[str, pc.Value]
-    binds: list[pc.Bind]
-    messages: list[Message]
-    name: str
-
 
 @dataclass(slots=True)
 class SnapshotPlan:
@@ -85,7 +73,7 @@ class SnapshotPlan:
     cut: int
     incarnation: int
     exchanges: list[pc.ExchangeDeclare]
-    queues: list[_QueuePlan] = field(default_factory=list)
+    queues: list[QueueContent] = field(default_factory=list)
 
     @property
     def messages(self) -> int:
@@ -108,27 +96,9 @@ def plan_snapshot(state: SiteState, rules: RuleSet, *, queues: Sequence[str] = (
         if wanted and q.name not in wanted:
             continue
         decision = rules.decide_queue(q.name, q.args)
-        if decision.mode == Mode.NONE:
-            continue
-        binds = [
-            pc.Bind(x.name, decision.target_name, key, dict(args))
-            for x in state.exchanges.values()
-            if x.name != ""
-            for (queue, key), args in x.bindings.items()
-            if queue == q.name
-        ]
-        messages = list(q.messages.values()) if decision.mode in MESSAGE_MODES else []
-        plan.queues.append(
-            _QueuePlan(decision.target_name, decision.mode, dict(q.args), binds, messages, q.name)
-        )
+        if decision.mode != Mode.NONE:
+            plan.queues.append(queue_content(state, q, decision))
     return plan
-
-
-def _forwarded(rules: RuleSet, plan: _QueuePlan, args: dict[str, pc.Value], m: Message) -> bool:
-    # The publish's exchange and routing key are not kept with a message:
-    # message rules are judged as for the default exchange.
-    decision = rules.decide_message(plan.name, args, "", plan.name, m.properties, len(m.body))
-    return not isinstance(decision, Drop) and decision.mode in MESSAGE_MODES
 
 
 async def encode_snapshot(
@@ -164,23 +134,12 @@ async def encode_snapshot(
         add(Mode.WIRING, x)
     done = 0
     for q in plan.queues:
-        add(q.mode, pc.QueueDeclare(q.target, q.args))
-        for b in q.binds:
-            add(q.mode, b)
+        for cmd in q.wiring():
+            add(q.mode, cmd)
         for m in q.messages:
-            if _forwarded(rules, q, q.args, m):
-                add(
-                    q.mode,
-                    pc.Enqueue(
-                        q.target,
-                        m.pos,
-                        m.body,
-                        m.message_id,
-                        dict(m.properties or {}),
-                        m.redelivered,
-                    ),
-                    len(m.body) + 64,
-                )
+            enqueue = q.enqueue(rules, m)
+            if enqueue is not None:
+                add(q.mode, enqueue, len(m.body) + 64)
             done += 1
             if done % ENCODE_STEP == 0:
                 await trio.lowlevel.checkpoint()

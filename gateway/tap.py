@@ -42,15 +42,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster import state as st
-from cluster.state.model import SiteState
+from cluster.state.model import Queue, SiteState
 from filters.matcher import Decision, Drop, RuleSet
 from filters.switch import RulesPayload, apply_switch
+from gateway.content import MESSAGE_MODES, queue_content
 from gateway.statistics import TapStatistics
 from protocol import cluster as pc
 from protocol.errors import DrgateError
 from protocol.modes import Mode
-
-MESSAGE_MODES = (Mode.FULL, Mode.ENQUEUE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,13 +83,22 @@ class Tap:
         """After a state transfer: take the rules the site switched to, if any,
         and decide every queue the state holds."""
         if state.rules:
-            try:
-                payload = RulesPayload.from_bytes_untrusted(bytes(state.rules))
-                self.rules = apply_switch(self.rules, payload, state.rules_cseq)
-            except DrgateError as exc:
-                self.rules_failures += 1
-                self.last_error = f"cannot apply the site's rules: {exc}"
+            self._take_rules(state.rules, state.rules_cseq, "cannot apply the site's rules")
         self._decide_all(state)
+
+    def _take_rules(self, payload: bytes, cseq: int, failure: str) -> bool:
+        """Switch to the rules of a switch ``payload`` delivered at ``cseq``.
+        False, counted and kept in ``last_error`` (after ``failure``), when
+        they cannot be read: every tap refuses the same payload the same way,
+        so the old rules stay in force everywhere."""
+        try:
+            rules = RulesPayload.from_bytes_untrusted(payload)
+            self.rules = apply_switch(self.rules, rules, cseq)
+        except DrgateError as exc:
+            self.rules_failures += 1
+            self.last_error = f"{failure}: {exc}"
+            return False
+        return True
 
     def _decide_all(self, state: SiteState) -> None:
         for q in state.queues.values():
@@ -173,46 +181,29 @@ class Tap:
     def _queue_change(
         self,
         state: SiteState,
-        q: Any,
+        q: Queue,
         old: Mode,
         decision: Decision,
         items: list[tuple[Mode, pc.Command]],
     ) -> None:
-        """One queue's mode went from ``old`` to ``decision.mode``."""
+        """One queue's mode went from ``old`` to ``decision.mode``: D gets the
+        part of the queue's content it does not hold yet."""
         new = decision.mode
         if new in (old, Mode.NONE):
             return
-        target = decision.target_name
-        if old == Mode.ENQUEUE and new == Mode.FULL:
-            items.append((new, pc.QueueDelete(target)))
-        items.append((new, pc.QueueDeclare(target, dict(q.args))))
-        if old in (Mode.NONE,) or (old == Mode.ENQUEUE and new == Mode.FULL):
-            for x in state.exchanges.values():
-                for queue, key in x.bindings:
-                    if queue == q.name and x.name != "":
-                        items.append(
-                            (new, pc.Bind(x.name, target, key, dict(x.bindings[(queue, key)])))
-                        )
-        if new in MESSAGE_MODES and (old not in MESSAGE_MODES or new == Mode.FULL):
-            for m in q.messages.values():
-                message = self.rules.decide_message(
-                    q.name, q.args, "", q.name, m.properties, len(m.body)
-                )
-                if isinstance(message, Drop) or message.mode not in MESSAGE_MODES:
-                    continue
-                items.append(
-                    (
-                        new,
-                        pc.Enqueue(
-                            target,
-                            m.pos,
-                            m.body,
-                            m.message_id,
-                            dict(m.properties or {}),
-                            m.redelivered,
-                        ),
-                    )
-                )
+        # enqueue -> full: D's own consumers have changed D's copy, and a full
+        # replica must mirror P's queue, so D's copy is replaced.
+        replace = old == Mode.ENQUEUE and new == Mode.FULL
+        if replace:
+            items.append((new, pc.QueueDelete(decision.target_name)))
+        content = queue_content(
+            state,
+            q,
+            decision,
+            binds=old == Mode.NONE or replace,
+            messages=old not in MESSAGE_MODES or replace,
+        )
+        items.extend((new, cmd) for cmd in content.commands(self.rules))
 
     def _declare(
         self, state: SiteState, effects: Sequence[Any], items: list[tuple[Mode, pc.Command]]
@@ -283,16 +274,9 @@ class Tap:
             items.append((Mode.FULL, pc.Dequeue(decision.target_name, e.positions)))
 
     def _switch(self, state: SiteState, cmd: pc.RulesSwitch) -> None:
-        try:
-            payload = RulesPayload.from_bytes_untrusted(bytes(cmd.payload))
-            self.rules = apply_switch(self.rules, payload, state.cseq)
-        except DrgateError as exc:
-            # Every tap refuses the same payload the same way: the old rules
-            # stay in force everywhere.
-            self.rules_failures += 1
-            self.last_error = f"rules switch at cseq {state.cseq} not applied: {exc}"
-            return
-        self._decide_all(state)
+        failure = f"rules switch at cseq {state.cseq} not applied"
+        if self._take_rules(bytes(cmd.payload), state.cseq, failure):
+            self._decide_all(state)
 
     def statistics(self) -> TapStatistics:
         return TapStatistics(

@@ -19,10 +19,16 @@ one ``struct.iter_unpack`` over a fixed-size index, without decoding the rest:
     rest   := meta_len u32 | meta (meta_len bytes, per-kind construct) | tail
 
 ``key`` is the command's primary name (a queue, an exchange, or empty).
-``meta`` holds the other fields, declared once per kind as a compiled
-construct struct.  ``tail`` is the bulk payload (a message body, a snapshot
-chunk, a rules file) and is handed out as a ``memoryview`` of the frame,
-never copied.  All integers are big-endian.
+``meta`` holds the other fields as a compiled construct struct.  ``tail`` is
+the bulk payload (a message body, a snapshot chunk, a rules file) and is
+handed out as a ``memoryview`` of the frame, never copied.  All integers are
+big-endian.
+
+Each kind is declared once, by the ``@_command`` decorator on its dataclass:
+which attribute is the key, the meta fields in wire order, which attribute is
+the tail.  Encoding, decoding and the frame scan all read that declaration
+(the ``_CODECS`` registry); nothing else lists the kinds but :class:`Kind`,
+the table of wire numbers.
 
 Decoding network bytes is done only by the ``*_untrusted`` functions, which
 fail only with :class:`RemoteProtocolError`.
@@ -32,28 +38,23 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeAlias
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
 from construct import (
+    Construct,
     ConstructError,
-    Error,
     Flag,
-    Float64b,
-    GreedyBytes,
     Int8ub,
     Int16ub,
     Int32ub,
-    Int64sb,
     Int64ub,
     PascalString,
-    Prefixed,
     PrefixedArray,
     Struct,
-    Switch,
     Terminated,
-    this,
 )
 
 from protocol.errors import LocalProtocolError, RemoteProtocolError
@@ -114,188 +115,303 @@ class ExchangeType(enum.IntEnum):
 
 
 # --------------------------------------------------------------------------
-# Per-kind meta formats (construct, compiled once at import).
+# Value maps (arguments, properties): the one codec of the bus commands and of
+# the state snapshots (cluster/state/snapshots.py).
 # --------------------------------------------------------------------------
 
-# value := tag u8 | payload
-#   tag 0 null | 1 bool (u8) | 2 int (i64) | 3 str (u32 len + UTF-8)
-#   | 4 bytes (u32 len + bytes) | 5 float (f64)
-_VALUE = Struct(
-    "tag" / Int8ub,
-    "v"
-    / Switch(
-        this.tag,
-        {
-            0: Struct(),
-            1: Flag,
-            2: Int64sb,
-            3: PascalString(Int32ub, "utf8"),
-            4: Prefixed(Int32ub, GreedyBytes),
-            5: Float64b,
-        },
-        default=Error,
-    ),
-)
-# map := count u16 | count x ( key: u16 len + UTF-8 | value )
-_MAP = PrefixedArray(Int16ub, Struct("k" / PascalString(Int16ub, "utf8"), "value" / _VALUE))
+#   map   := count u16 | count x ( key_len u16 | key (UTF-8) | tag u8 | value )
+#   value := by tag: 0 null (nothing) | 1 bool u8 | 2 int i64
+#            | 3 str (u32 length + UTF-8) | 4 bytes (u32 length + bytes) | 5 float f64
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
+_F64 = struct.Struct(">d")
+_EMPTY_MAP = _U16.pack(0)
+
+
+def pack_value_map(values: ValueMap) -> bytes:
+    """The encoding of ``values``.  Raises :class:`LocalProtocolError` for a
+    value of another type, an int outside 64 bits or a key or map too long."""
+    if not values:
+        return _EMPTY_MAP
+    if len(values) > 0xFFFF:
+        raise LocalProtocolError(f"a map holds at most 65535 entries, got {len(values)}")
+    out = [_U16.pack(len(values))]
+    append = out.append
+    for k, v in values.items():
+        key = k.encode("utf-8")
+        if len(key) > 0xFFFF:
+            raise LocalProtocolError(f"map key of {len(key)} bytes is longer than 65535 bytes")
+        append(_U16.pack(len(key)))
+        append(key)
+        if v is None:
+            append(b"\x00")
+        elif isinstance(v, bool):
+            append(b"\x01\x01" if v else b"\x01\x00")
+        elif isinstance(v, int):
+            try:
+                append(b"\x02" + _I64.pack(v))
+            except struct.error as exc:
+                raise LocalProtocolError(f"map value {k!r}={v} does not fit in 64 bits") from exc
+        elif isinstance(v, str):
+            raw = v.encode("utf-8")
+            append(b"\x03" + _U32.pack(len(raw)))
+            append(raw)
+        elif isinstance(v, bytes | bytearray | memoryview):
+            append(b"\x04" + _U32.pack(len(v)))
+            append(bytes(v))
+        elif isinstance(v, float):
+            append(b"\x05" + _F64.pack(v))
+        else:
+            raise LocalProtocolError(
+                f"map value for {k!r} has type {type(v).__name__}; "
+                "only None, bool, int, float, str and bytes can be encoded"
+            )
+    return b"".join(out)
+
+
+def unpack_value_map_untrusted(data: bytes, offset: int = 0) -> tuple[dict[str, Value], int]:
+    """The map encoded at ``data[offset:]`` and the offset just past it.
+    Fails only with :class:`RemoteProtocolError`."""
+    try:
+        (count,) = _U16.unpack_from(data, offset)
+        off = offset + 2
+        out: dict[str, Value] = {}
+        for _ in range(count):
+            (size,) = _U16.unpack_from(data, off)
+            off += 2
+            end = off + size
+            key = data[off:end].decode("utf-8")
+            tag = data[end]
+            off = end + 1
+            v: Value
+            if tag == 0:
+                v = None
+            elif tag == 1:
+                v = data[off] != 0
+                off += 1
+            elif tag == 2:
+                (v,) = _I64.unpack_from(data, off)
+                off += 8
+            elif tag in (3, 4):
+                (size,) = _U32.unpack_from(data, off)
+                off += 4
+                end = off + size
+                if end > len(data):
+                    raise RemoteProtocolError(f"value map entry {key!r} goes past the end")
+                v = data[off:end].decode("utf-8") if tag == 3 else data[off:end]
+                off = end
+            elif tag == 5:
+                (v,) = _F64.unpack_from(data, off)
+                off += 8
+            else:
+                raise RemoteProtocolError(f"value map entry {key!r} has unknown tag {tag}")
+            out[key] = v
+    except (struct.error, IndexError, UnicodeDecodeError) as exc:
+        raise RemoteProtocolError(f"truncated or malformed value map at byte {offset}") from exc
+    return out, off
+
+
+class _ValueMapField(Construct):  # type: ignore[misc]
+    """A value map as a field of a command's meta struct."""
+
+    def _parse(self, stream: Any, context: Any, path: Any) -> dict[str, Value]:
+        # The meta is always parsed from a BytesIO over bytes, whose getvalue()
+        # hands back those bytes without a copy.
+        try:
+            values, end = unpack_value_map_untrusted(stream.getvalue(), stream.tell())
+        except RemoteProtocolError as exc:
+            raise ConstructError(str(exc)) from exc
+        stream.seek(end)
+        return values
+
+    def _build(self, obj: ValueMap, stream: Any, context: Any, path: Any) -> ValueMap:
+        stream.write(pack_value_map(obj))
+        return obj
+
+
+_MAP = _ValueMapField()
 _STR = PascalString(Int16ub, "utf8")
 _POSITIONS = PrefixedArray(Int32ub, Int64ub)
 
 
-def _meta(*fields: Any) -> Any:
-    """A per-kind meta struct that refuses trailing bytes, compiled once."""
-    return Struct(*fields, Terminated).compile()
-
-
-_META = {
-    # QUEUE_DECLARE  key=queue     meta: args map
-    Kind.QUEUE_DECLARE: _meta("args" / _MAP),
-    # QUEUE_DELETE   key=queue     meta: (empty)
-    Kind.QUEUE_DELETE: _meta(),
-    # EXCHANGE_DECLARE key=exchange meta: type u8 | args map
-    Kind.EXCHANGE_DECLARE: _meta("type" / Int8ub, "args" / _MAP),
-    # EXCHANGE_DELETE key=exchange meta: (empty)
-    Kind.EXCHANGE_DELETE: _meta(),
-    # BIND   key=exchange  meta: queue str16 | binding_key str16 | args map
-    Kind.BIND: _meta("queue" / _STR, "binding_key" / _STR, "args" / _MAP),
-    # UNBIND key=exchange  meta: queue str16 | binding_key str16
-    Kind.UNBIND: _meta("queue" / _STR, "binding_key" / _STR),
-    # PUBLISH key=exchange meta: routing_key str16 | ref u64 | message_id str16
-    #                            | properties map           tail: body
-    Kind.PUBLISH: _meta(
-        "routing_key" / _STR, "ref" / Int64ub, "message_id" / _STR, "properties" / _MAP
-    ),
-    # ACQUIRE key=queue  meta: session u64 | consumer u32 | count u32
-    Kind.ACQUIRE: _meta("session" / Int64ub, "consumer" / Int32ub, "count" / Int32ub),
-    # ACCEPT  key=queue  meta: session u64 | positions (u32 count + u64 each)
-    Kind.ACCEPT: _meta("session" / Int64ub, "positions" / _POSITIONS),
-    # RELEASE key=queue  meta: session u64 | redelivered u8 | positions
-    Kind.RELEASE: _meta("session" / Int64ub, "redelivered" / Flag, "positions" / _POSITIONS),
-    # PURGE   key=queue  meta: (empty)
-    Kind.PURGE: _meta(),
-    # SESSION_OPEN / SESSION_CLOSE key="" meta: session u64
-    Kind.SESSION_OPEN: _meta("session" / Int64ub),
-    Kind.SESSION_CLOSE: _meta("session" / Int64ub),
-    # STATE_CHUNK key="" meta: target_node u32 | target_pid u32 | transfer u32
-    #                          | index u32 | final u8      tail: snapshot bytes
-    Kind.STATE_CHUNK: _meta(
-        "target_node" / Int32ub,
-        "target_pid" / Int32ub,
-        "transfer" / Int32ub,
-        "index" / Int32ub,
-        "final" / Flag,
-    ),
-    # RULES_SWITCH key="" meta: (empty)   tail: the switch payload (filters/)
-    Kind.RULES_SWITCH: _meta(),
-    # REPLICATED key=origin cluster  meta: incarnation u64 | origin_cseq u64
-    #     | epoch u32 | origin_time_us u64 | modes (u16 count + u8 each)
-    #                                       tail: a bus frame of the inner commands
-    Kind.REPLICATED: _meta(
-        "incarnation" / Int64ub,
-        "origin_cseq" / Int64ub,
-        "epoch" / Int32ub,
-        "origin_time_us" / Int64ub,
-        "modes" / PrefixedArray(Int16ub, Int8ub),
-    ),
-    # ENQUEUE key=queue meta: pos u64 | message_id str16 | properties map
-    #                         | redelivered u8            tail: body
-    Kind.ENQUEUE: _meta(
-        "pos" / Int64ub, "message_id" / _STR, "properties" / _MAP, "redelivered" / Flag
-    ),
-    # DEQUEUE key=queue meta: positions
-    Kind.DEQUEUE: _meta("positions" / _POSITIONS),
-    # PROMOTE key=origin cluster meta: epoch u32 | time_us u64
-    Kind.PROMOTE: _meta("epoch" / Int32ub, "time_us" / Int64ub),
-    # ACCEPT_INCARNATION key=origin cluster meta: incarnation u64
-    Kind.ACCEPT_INCARNATION: _meta("incarnation" / Int64ub),
-    # ACK_WATERMARK key=origin cluster meta: incarnation u64 | cseq u64 | time_us u64
-    Kind.ACK_WATERMARK: _meta("incarnation" / Int64ub, "cseq" / Int64ub, "time_us" / Int64ub),
-    # MEMBER_READY key="" meta: role u8 | node u32 | pid u32
-    Kind.MEMBER_READY: _meta("role" / Int8ub, "node" / Int32ub, "pid" / Int32ub),
-    # GENESIS key=cluster id meta: incarnation u64
-    Kind.GENESIS: _meta("incarnation" / Int64ub),
-    # RESYNC_APPLY key=origin cluster meta: incarnation u64 | cut u64 | epoch u32
-    #     | origin_time_us u64          tail: the snapshot (see encode_snapshot)
-    Kind.RESYNC_APPLY: _meta(
-        "incarnation" / Int64ub, "cut" / Int64ub, "epoch" / Int32ub, "origin_time_us" / Int64ub
-    ),
-}
-
 # --------------------------------------------------------------------------
-# Commands: frozen dataclasses, one per kind.
+# Commands: frozen dataclasses, one per kind, each with its one wire
+# declaration (the @_command above it) that encoding and decoding both read.
 # --------------------------------------------------------------------------
+
+
+class _CommandBase:
+    """What every command has: its ``KIND`` and its ``key`` (the primary name
+    carried in the frame's index; ``""`` for kinds without one)."""
+
+    __slots__ = ()
+    KIND: ClassVar[Kind]
+
+    @property
+    def key(self) -> str:
+        return ""
+
+
+MetaField: TypeAlias = tuple[str, Any] | tuple[str, Any, Callable[[Any], Any]]
+"""``(attribute, construct)`` or ``(attribute, construct, from_wire)``: one
+meta field, named as the dataclass attribute it carries; ``from_wire`` turns
+the parsed value into the attribute's type (an enum, a tuple)."""
 
 
 @dataclass(frozen=True, slots=True)
-class QueueDeclare:
-    KIND: ClassVar[Kind] = Kind.QUEUE_DECLARE
+class _Codec:
+    """How one kind is laid out; built by :func:`_command` from its declaration."""
+
+    kind: Kind
+    named: bool
+    meta: Any
+    meta_out: Callable[[Any], dict[str, Any]]
+    tail_out: Callable[[Any], Body]
+    build: Callable[[str, Any, memoryview], Any]
+
+
+_CODECS: dict[int, _Codec] = {}
+_CODEC_OF: dict[type, _Codec] = {}
+_C = TypeVar("_C", bound=type[_CommandBase])
+
+
+def _command(
+    kind: Kind,
+    *,
+    key: str | None = None,
+    meta: Sequence[MetaField] = (),
+    tail: str | None = None,
+    tail_out: Callable[[Any], Body] | None = None,
+    tail_in: Callable[[Any, memoryview], Any] | None = None,
+) -> Callable[[_C], _C]:
+    """Declare a dataclass as the command of ``kind``.
+
+    ``key`` names the attribute carried as the frame's key (none: the key is
+    always ``""``), ``meta`` the fields of the meta struct in wire order, and
+    ``tail`` the attribute carried as the tail (none: the command has no tail).
+    The tail is the attribute's bytes, handed out on decode as a view of the
+    frame, unless ``tail_out(command) -> bytes`` and ``tail_in(meta, view) ->
+    value`` say otherwise.  Every dataclass field must be carried exactly once.
+    """
+
+    def register(cls: _C) -> _C:
+        names = tuple(f[0] for f in meta)
+        carried = [key, *names, tail]
+        attrs = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+        if sorted(a for a in carried if a is not None) != sorted(attrs):
+            raise TypeError(f"{cls.__name__}: key, meta and tail must carry {attrs}")
+        convert = {f[0]: f[2] for f in meta if len(f) == 3}
+        # Where each constructor argument comes from, in dataclass order.
+        sources = tuple((a, convert.get(a)) for a in attrs)
+
+        def build(k: str, m: Any, t: memoryview) -> Any:
+            if tail is None and len(t):
+                raise RemoteProtocolError(
+                    f"{kind.name} command has {len(t)} unexpected trailing bytes"
+                )
+            tail_value = t if tail_in is None else tail_in(m, t)
+            return cls(
+                *[
+                    k if a == key else tail_value if a == tail else m[a] if f is None else f(m[a])
+                    for a, f in sources
+                ]
+            )
+
+        def meta_out(cmd: Any) -> dict[str, Any]:
+            return {n: getattr(cmd, n) for n in names}
+
+        def raw_tail(cmd: Any) -> Body:
+            return b"" if tail is None else getattr(cmd, tail)
+
+        codec = _Codec(
+            kind,
+            key is not None,
+            Struct(*(f[0] / f[1] for f in meta), Terminated).compile(),
+            meta_out,
+            raw_tail if tail_out is None else tail_out,
+            build,
+        )
+        cls.KIND = kind
+        if key is not None:
+            cls.key = property(attrgetter(key))  # type: ignore[assignment]
+        _CODECS[int(kind)] = _CODEC_OF[cls] = codec
+        return cls
+
+    return register
+
+
+def _tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
+# key=queue  meta: args map
+@_command(Kind.QUEUE_DECLARE, key="queue", meta=[("args", _MAP)])
+@dataclass(frozen=True, slots=True)
+class QueueDeclare(_CommandBase):
     queue: str
     args: ValueMap = field(default_factory=dict)
 
-    @property
-    def key(self) -> str:
-        return self.queue
 
-
+# key=queue  meta: (empty)
+@_command(Kind.QUEUE_DELETE, key="queue")
 @dataclass(frozen=True, slots=True)
-class QueueDelete:
-    KIND: ClassVar[Kind] = Kind.QUEUE_DELETE
+class QueueDelete(_CommandBase):
     queue: str
 
-    @property
-    def key(self) -> str:
-        return self.queue
 
-
+# key=exchange  meta: type u8 | args map
+@_command(
+    Kind.EXCHANGE_DECLARE, key="exchange", meta=[("type", Int8ub, ExchangeType), ("args", _MAP)]
+)
 @dataclass(frozen=True, slots=True)
-class ExchangeDeclare:
-    KIND: ClassVar[Kind] = Kind.EXCHANGE_DECLARE
+class ExchangeDeclare(_CommandBase):
     exchange: str
     type: ExchangeType = ExchangeType.DIRECT
     args: ValueMap = field(default_factory=dict)
 
-    @property
-    def key(self) -> str:
-        return self.exchange
 
-
+# key=exchange  meta: (empty)
+@_command(Kind.EXCHANGE_DELETE, key="exchange")
 @dataclass(frozen=True, slots=True)
-class ExchangeDelete:
-    KIND: ClassVar[Kind] = Kind.EXCHANGE_DELETE
+class ExchangeDelete(_CommandBase):
     exchange: str
 
-    @property
-    def key(self) -> str:
-        return self.exchange
 
-
+# key=exchange  meta: queue str16 | binding_key str16 | args map
+@_command(Kind.BIND, key="exchange", meta=[("queue", _STR), ("binding_key", _STR), ("args", _MAP)])
 @dataclass(frozen=True, slots=True)
-class Bind:
-    KIND: ClassVar[Kind] = Kind.BIND
+class Bind(_CommandBase):
     exchange: str
     queue: str
     binding_key: str = ""
     args: ValueMap = field(default_factory=dict)
 
-    @property
-    def key(self) -> str:
-        return self.exchange
 
-
+# key=exchange  meta: queue str16 | binding_key str16
+@_command(Kind.UNBIND, key="exchange", meta=[("queue", _STR), ("binding_key", _STR)])
 @dataclass(frozen=True, slots=True)
-class Unbind:
-    KIND: ClassVar[Kind] = Kind.UNBIND
+class Unbind(_CommandBase):
     exchange: str
     queue: str
     binding_key: str = ""
 
-    @property
-    def key(self) -> str:
-        return self.exchange
 
-
+# key=exchange  meta: routing_key str16 | ref u64 | message_id str16 | properties map
+#               tail: body
+@_command(
+    Kind.PUBLISH,
+    key="exchange",
+    meta=[
+        ("routing_key", _STR),
+        ("ref", Int64ub),
+        ("message_id", _STR),
+        ("properties", _MAP),
+    ],
+    tail="body",
+)
 @dataclass(frozen=True, slots=True)
-class Publish:
+class Publish(_CommandBase):
     """A client's message, routed through ``exchange`` by ``routing_key``.
 
     The default exchange ``""`` routes to the queue named by the routing key.
@@ -303,7 +419,6 @@ class Publish:
     it can settle it when the command comes back on the bus.
     """
 
-    KIND: ClassVar[Kind] = Kind.PUBLISH
     exchange: str
     routing_key: str
     body: Body = b""
@@ -311,113 +426,123 @@ class Publish:
     properties: ValueMap = field(default_factory=dict)
     ref: int = 0
 
-    @property
-    def key(self) -> str:
-        return self.exchange
 
-
+# key=queue  meta: session u64 | consumer u32 | count u32
+@_command(
+    Kind.ACQUIRE,
+    key="queue",
+    meta=[("session", Int64ub), ("consumer", Int32ub), ("count", Int32ub)],
+)
 @dataclass(frozen=True, slots=True)
-class Acquire:
+class Acquire(_CommandBase):
     """Session ``session``'s consumer ``consumer`` takes the next ``count``
     available messages of ``queue`` (deterministic: the first in FIFO order)."""
 
-    KIND: ClassVar[Kind] = Kind.ACQUIRE
     queue: str
     session: int
     consumer: int = 0
     count: int = 1
 
-    @property
-    def key(self) -> str:
-        return self.queue
 
-
+# key=queue  meta: session u64 | positions (u32 count + u64 each)
+@_command(Kind.ACCEPT, key="queue", meta=[("session", Int64ub), ("positions", _POSITIONS, _tuple)])
 @dataclass(frozen=True, slots=True)
-class Accept:
+class Accept(_CommandBase):
     """The messages at ``positions``, acquired by ``session``, are consumed."""
 
-    KIND: ClassVar[Kind] = Kind.ACCEPT
     queue: str
     session: int
     positions: tuple[int, ...]
 
-    @property
-    def key(self) -> str:
-        return self.queue
 
-
+# key=queue  meta: session u64 | redelivered u8 | positions
+@_command(
+    Kind.RELEASE,
+    key="queue",
+    meta=[("session", Int64ub), ("redelivered", Flag), ("positions", _POSITIONS, _tuple)],
+)
 @dataclass(frozen=True, slots=True)
-class Release:
+class Release(_CommandBase):
     """The messages at ``positions`` go back to the queue, in their place."""
 
-    KIND: ClassVar[Kind] = Kind.RELEASE
     queue: str
     session: int
     positions: tuple[int, ...]
     redelivered: bool = True
 
-    @property
-    def key(self) -> str:
-        return self.queue
 
-
+# key=queue  meta: (empty)
+@_command(Kind.PURGE, key="queue")
 @dataclass(frozen=True, slots=True)
-class Purge:
-    KIND: ClassVar[Kind] = Kind.PURGE
+class Purge(_CommandBase):
     queue: str
 
-    @property
-    def key(self) -> str:
-        return self.queue
 
-
+# key=""  meta: session u64
+@_command(Kind.SESSION_OPEN, meta=[("session", Int64ub)])
 @dataclass(frozen=True, slots=True)
-class SessionOpen:
-    KIND: ClassVar[Kind] = Kind.SESSION_OPEN
+class SessionOpen(_CommandBase):
     session: int
-    key: ClassVar[str] = ""
 
 
+# key=""  meta: session u64
+@_command(Kind.SESSION_CLOSE, meta=[("session", Int64ub)])
 @dataclass(frozen=True, slots=True)
-class SessionClose:
+class SessionClose(_CommandBase):
     """The session ended: everything it had acquired is released."""
 
-    KIND: ClassVar[Kind] = Kind.SESSION_CLOSE
     session: int
-    key: ClassVar[str] = ""
 
 
+# key=""  meta: target_node u32 | target_pid u32 | transfer u32 | index u32 | final u8
+#         tail: snapshot bytes
+@_command(
+    Kind.STATE_CHUNK,
+    meta=[
+        ("target_node", Int32ub),
+        ("target_pid", Int32ub),
+        ("transfer", Int32ub),
+        ("index", Int32ub),
+        ("final", Flag),
+    ],
+    tail="data",
+)
 @dataclass(frozen=True, slots=True)
-class StateChunk:
+class StateChunk(_CommandBase):
     """One piece of a snapshot sent by a donor to the joining member
     ``(target_node, target_pid)``; ``final`` marks the last piece."""
 
-    KIND: ClassVar[Kind] = Kind.STATE_CHUNK
     target_node: int
     target_pid: int
     transfer: int
     index: int
     final: bool
     data: Body
-    key: ClassVar[str] = ""
 
 
+# key=""  meta: (empty)  tail: the switch payload (filters/)
+@_command(Kind.RULES_SWITCH, tail="payload")
 @dataclass(frozen=True, slots=True)
-class RulesSwitch:
+class RulesSwitch(_CommandBase):
     """New replication rules, applied by every tap at this command's cseq.
     ``payload`` is opaque here: filters/ defines it."""
 
-    KIND: ClassVar[Kind] = Kind.RULES_SWITCH
     payload: Body
-    key: ClassVar[str] = ""
 
 
+# key=queue  meta: pos u64 | message_id str16 | properties map | redelivered u8
+#            tail: body
+@_command(
+    Kind.ENQUEUE,
+    key="queue",
+    meta=[("pos", Int64ub), ("message_id", _STR), ("properties", _MAP), ("redelivered", Flag)],
+    tail="body",
+)
 @dataclass(frozen=True, slots=True)
-class Enqueue:
+class Enqueue(_CommandBase):
     """Put a message on ``queue`` directly at origin position ``pos`` (used
     inside :class:`Replicated`, and by resync)."""
 
-    KIND: ClassVar[Kind] = Kind.ENQUEUE
     queue: str
     pos: int
     body: Body = b""
@@ -425,93 +550,120 @@ class Enqueue:
     properties: ValueMap = field(default_factory=dict)
     redelivered: bool = False
 
-    @property
-    def key(self) -> str:
-        return self.queue
 
-
+# key=queue  meta: positions
+@_command(Kind.DEQUEUE, key="queue", meta=[("positions", _POSITIONS, _tuple)])
 @dataclass(frozen=True, slots=True)
-class Dequeue:
+class Dequeue(_CommandBase):
     """Remove the messages of origin positions ``positions`` from ``queue``."""
 
-    KIND: ClassVar[Kind] = Kind.DEQUEUE
     queue: str
     positions: tuple[int, ...]
 
-    @property
-    def key(self) -> str:
-        return self.queue
 
-
+# key=origin cluster  meta: epoch u32 | time_us u64
+@_command(Kind.PROMOTE, key="origin_cluster", meta=[("epoch", Int32ub), ("time_us", Int64ub)])
 @dataclass(frozen=True, slots=True)
-class Promote:
+class Promote(_CommandBase):
     """D stops accepting ``origin_cluster``'s stream and raises its epoch."""
 
-    KIND: ClassVar[Kind] = Kind.PROMOTE
     origin_cluster: str
     epoch: int
     time_us: int
 
-    @property
-    def key(self) -> str:
-        return self.origin_cluster
 
-
+# key=origin cluster  meta: incarnation u64
+@_command(Kind.ACCEPT_INCARNATION, key="origin_cluster", meta=[("incarnation", Int64ub)])
 @dataclass(frozen=True, slots=True)
-class AcceptIncarnation:
+class AcceptIncarnation(_CommandBase):
     """The operator accepts a restarted primary's new incarnation."""
 
-    KIND: ClassVar[Kind] = Kind.ACCEPT_INCARNATION
     origin_cluster: str
     incarnation: int
 
-    @property
-    def key(self) -> str:
-        return self.origin_cluster
 
-
+# key=origin cluster  meta: incarnation u64 | cseq u64 | time_us u64
+@_command(
+    Kind.ACK_WATERMARK,
+    key="origin_cluster",
+    meta=[("incarnation", Int64ub), ("cseq", Int64ub), ("time_us", Int64ub)],
+)
 @dataclass(frozen=True, slots=True)
-class AckWatermark:
+class AckWatermark(_CommandBase):
     """The active egress announces how far D has acknowledged, so standby
     taps can trim their spools."""
 
-    KIND: ClassVar[Kind] = Kind.ACK_WATERMARK
     origin_cluster: str
     incarnation: int
     cseq: int
     time_us: int
 
-    @property
-    def key(self) -> str:
-        return self.origin_cluster
 
-
+# key=""  meta: role u8 | node u32 | pid u32
+@_command(Kind.MEMBER_READY, meta=[("role", Int8ub, Role), ("node", Int32ub), ("pid", Int32ub)])
 @dataclass(frozen=True, slots=True)
-class MemberReady:
+class MemberReady(_CommandBase):
     """A member has its state and takes part (donor choice, roles)."""
 
-    KIND: ClassVar[Kind] = Kind.MEMBER_READY
     role: Role
     node: int
     pid: int
-    key: ClassVar[str] = ""
 
 
+# key=cluster id  meta: incarnation u64
+@_command(Kind.GENESIS, key="cluster", meta=[("incarnation", Int64ub)])
 @dataclass(frozen=True, slots=True)
-class Genesis:
+class Genesis(_CommandBase):
     """The first member of an empty site names the site's incarnation."""
 
-    KIND: ClassVar[Kind] = Kind.GENESIS
     cluster: str
     incarnation: int
 
-    @property
-    def key(self) -> str:
-        return self.cluster
+
+def _inner_out(cmd: Replicated) -> bytes:
+    if len(cmd.modes) != len(cmd.commands):
+        raise LocalProtocolError(
+            f"Replicated has {len(cmd.modes)} modes for {len(cmd.commands)} commands"
+        )
+    if any(isinstance(c, Replicated) for c in cmd.commands):
+        raise LocalProtocolError("Replicated commands cannot be nested")
+    return encode_frame(cmd.commands)
 
 
+def _inner_in(m: Any, tail: memoryview) -> tuple[Command, ...]:
+    inner = decode_frame_untrusted(tail)
+    if len(inner) != len(m["modes"]):
+        raise RemoteProtocolError(
+            f"Replicated command has {len(m['modes'])} modes for {len(inner)} commands"
+        )
+    if any(isinstance(c, Replicated) for c in inner):
+        raise RemoteProtocolError("nested Replicated command")
+    return tuple(inner)
+
+
+def _modes(values: Iterable[int]) -> tuple[Mode, ...]:
+    return tuple(Mode(x) for x in values)
+
+
+# key=origin cluster  meta: incarnation u64 | origin_cseq u64 | epoch u32
+#     | origin_time_us u64 | modes (u16 count + u8 each)
+#                       tail: a bus frame of the inner commands
+@_command(
+    Kind.REPLICATED,
+    key="origin_cluster",
+    meta=[
+        ("incarnation", Int64ub),
+        ("origin_cseq", Int64ub),
+        ("epoch", Int32ub),
+        ("origin_time_us", Int64ub),
+        ("modes", PrefixedArray(Int16ub, Int8ub), _modes),
+    ],
+    tail="commands",
+    tail_out=_inner_out,
+    tail_in=_inner_in,
+)
 @dataclass(frozen=True, slots=True)
-class Replicated:
+class Replicated(_CommandBase):
     """Commands forwarded from another site's stream.
 
     ``commands[i]`` is replicated in mode ``modes[i]``; all come from the
@@ -519,7 +671,6 @@ class Replicated:
     ``incarnation``, sent under ``epoch``.
     """
 
-    KIND: ClassVar[Kind] = Kind.REPLICATED
     origin_cluster: str
     incarnation: int
     origin_cseq: int
@@ -528,33 +679,37 @@ class Replicated:
     modes: tuple[Mode, ...]
     commands: tuple[Command, ...]
 
-    @property
-    def key(self) -> str:
-        return self.origin_cluster
 
-
+# key=origin cluster  meta: incarnation u64 | cut u64 | epoch u32 | origin_time_us u64
+#                     tail: the snapshot (see encode_snapshot_record)
+@_command(
+    Kind.RESYNC_APPLY,
+    key="origin_cluster",
+    meta=[
+        ("incarnation", Int64ub),
+        ("cut", Int64ub),
+        ("epoch", Int32ub),
+        ("origin_time_us", Int64ub),
+    ],
+    tail="snapshot",
+)
 @dataclass(frozen=True, slots=True)
-class ResyncApply:
+class ResyncApply(_CommandBase):
     """A resync snapshot of ``origin_cluster``'s replicated queues, cut at its
     ``cut`` cseq, applied by every member at this one point of the stream.
 
     ``snapshot`` is a sequence of ``u32 length | bus frame`` records (see
-    :func:`encode_snapshot`); each frame holds ``Replicated`` commands whose
-    inner commands (exchange and queue declares, binds, enqueues) describe
-    the origin's state at the cut.  It stays opaque bytes until applied.
+    :func:`encode_snapshot_record`); each frame holds ``Replicated`` commands
+    whose inner commands (exchange and queue declares, binds, enqueues)
+    describe the origin's state at the cut.  It stays opaque bytes until applied.
     """
 
-    KIND: ClassVar[Kind] = Kind.RESYNC_APPLY
     origin_cluster: str
     incarnation: int
     cut: int
     epoch: int
     origin_time_us: int
     snapshot: Body = b""
-
-    @property
-    def key(self) -> str:
-        return self.origin_cluster
 
 
 Command: TypeAlias = (
@@ -584,142 +739,29 @@ Command: TypeAlias = (
     | ResyncApply
 )
 
+if set(_CODECS) != {int(k) for k in Kind}:  # pragma: no cover - a kind without a command
+    raise TypeError(f"kinds without a command: {set(Kind) - set(_CODECS)}")
+
 
 # --------------------------------------------------------------------------
 # Encoding
 # --------------------------------------------------------------------------
 
 
-def _map_out(values: ValueMap) -> list[dict[str, Any]]:
-    out = []
-    for k, v in values.items():
-        if v is None:
-            out.append({"k": k, "value": {"tag": 0, "v": {}}})
-        elif isinstance(v, bool):
-            out.append({"k": k, "value": {"tag": 1, "v": v}})
-        elif isinstance(v, int):
-            out.append({"k": k, "value": {"tag": 2, "v": v}})
-        elif isinstance(v, str):
-            out.append({"k": k, "value": {"tag": 3, "v": v}})
-        elif isinstance(v, bytes | bytearray | memoryview):
-            out.append({"k": k, "value": {"tag": 4, "v": bytes(v)}})
-        elif isinstance(v, float):
-            out.append({"k": k, "value": {"tag": 5, "v": v}})
-        else:
-            raise LocalProtocolError(
-                f"map value for {k!r} has type {type(v).__name__}; "
-                "only None, bool, int, float, str and bytes can be encoded"
-            )
-    return out
-
-
-def _map_in(items: Iterable[Any]) -> dict[str, Value]:
-    out: dict[str, Value] = {}
-    for item in items:
-        value = item.value
-        out[item.k] = None if value.tag == 0 else value.v
-    return out
-
-
-def _meta_fields(cmd: Command) -> tuple[dict[str, Any], Body]:
-    """The meta fields to build and the tail, for one command."""
-    if isinstance(cmd, QueueDeclare):
-        return {"args": _map_out(cmd.args)}, b""
-    if isinstance(cmd, QueueDelete | ExchangeDelete | Purge):
-        return {}, b""
-    if isinstance(cmd, ExchangeDeclare):
-        return {"type": int(cmd.type), "args": _map_out(cmd.args)}, b""
-    if isinstance(cmd, Bind):
-        return {
-            "queue": cmd.queue,
-            "binding_key": cmd.binding_key,
-            "args": _map_out(cmd.args),
-        }, b""
-    if isinstance(cmd, Unbind):
-        return {"queue": cmd.queue, "binding_key": cmd.binding_key}, b""
-    if isinstance(cmd, Publish):
-        return {
-            "routing_key": cmd.routing_key,
-            "ref": cmd.ref,
-            "message_id": cmd.message_id,
-            "properties": _map_out(cmd.properties),
-        }, cmd.body
-    if isinstance(cmd, Acquire):
-        return {"session": cmd.session, "consumer": cmd.consumer, "count": cmd.count}, b""
-    if isinstance(cmd, Accept):
-        return {"session": cmd.session, "positions": list(cmd.positions)}, b""
-    if isinstance(cmd, Release):
-        return {
-            "session": cmd.session,
-            "redelivered": cmd.redelivered,
-            "positions": list(cmd.positions),
-        }, b""
-    if isinstance(cmd, SessionOpen | SessionClose):
-        return {"session": cmd.session}, b""
-    if isinstance(cmd, StateChunk):
-        return {
-            "target_node": cmd.target_node,
-            "target_pid": cmd.target_pid,
-            "transfer": cmd.transfer,
-            "index": cmd.index,
-            "final": cmd.final,
-        }, cmd.data
-    if isinstance(cmd, RulesSwitch):
-        return {}, cmd.payload
-    if isinstance(cmd, Replicated):
-        if len(cmd.modes) != len(cmd.commands):
-            raise LocalProtocolError(
-                f"Replicated has {len(cmd.modes)} modes for {len(cmd.commands)} commands"
-            )
-        if any(isinstance(c, Replicated) for c in cmd.commands):
-            raise LocalProtocolError("Replicated commands cannot be nested")
-        return {
-            "incarnation": cmd.incarnation,
-            "origin_cseq": cmd.origin_cseq,
-            "epoch": cmd.epoch,
-            "origin_time_us": cmd.origin_time_us,
-            "modes": [int(m) for m in cmd.modes],
-        }, encode_frame(cmd.commands)
-    if isinstance(cmd, Enqueue):
-        return {
-            "pos": cmd.pos,
-            "message_id": cmd.message_id,
-            "properties": _map_out(cmd.properties),
-            "redelivered": cmd.redelivered,
-        }, cmd.body
-    if isinstance(cmd, Dequeue):
-        return {"positions": list(cmd.positions)}, b""
-    if isinstance(cmd, Promote):
-        return {"epoch": cmd.epoch, "time_us": cmd.time_us}, b""
-    if isinstance(cmd, AcceptIncarnation):
-        return {"incarnation": cmd.incarnation}, b""
-    if isinstance(cmd, AckWatermark):
-        return {"incarnation": cmd.incarnation, "cseq": cmd.cseq, "time_us": cmd.time_us}, b""
-    if isinstance(cmd, MemberReady):
-        return {"role": int(cmd.role), "node": cmd.node, "pid": cmd.pid}, b""
-    if isinstance(cmd, Genesis):
-        return {"incarnation": cmd.incarnation}, b""
-    if isinstance(cmd, ResyncApply):
-        return {
-            "incarnation": cmd.incarnation,
-            "cut": cmd.cut,
-            "epoch": cmd.epoch,
-            "origin_time_us": cmd.origin_time_us,
-        }, cmd.snapshot
-    raise LocalProtocolError(f"not a bus command: {cmd!r}")
-
-
 def encode_command(cmd: Command) -> tuple[int, bytes, bytes]:
     """``(kind, key bytes, rest bytes)`` of one command."""
-    fields, tail = _meta_fields(cmd)
+    codec = _CODEC_OF.get(type(cmd))
+    if codec is None:
+        raise LocalProtocolError(f"not a bus command: {cmd!r}")
+    tail = codec.tail_out(cmd)
     try:
-        meta = _META[cmd.KIND].build(fields)
+        meta = codec.meta.build(codec.meta_out(cmd))
     except (ConstructError, OverflowError, ValueError, TypeError) as exc:
         raise LocalProtocolError(f"cannot encode {type(cmd).__name__}: {exc}") from exc
     key = cmd.key.encode("utf-8")
     if len(key) > 0xFFFF:
         raise LocalProtocolError(f"name of {len(key)} bytes is longer than 65535 bytes")
-    return int(cmd.KIND), key, META_LEN.pack(len(meta)) + meta + bytes(tail)
+    return int(codec.kind), key, META_LEN.pack(len(meta)) + meta + bytes(tail)
 
 
 def encode_frame(commands: Sequence[Command]) -> bytes:
@@ -837,18 +879,16 @@ def iter_frame_untrusted(frame: bytes | memoryview) -> Iterator[Command]:
         yield _decode_one(kind, key, view[offset : offset + size])
 
 
-_KINDS = frozenset(int(k) for k in Kind)
-
-
-# Kinds whose key is always "": a frame that gives them a name is refused, so
-# that each command has exactly one encoding.
-_EMPTY_KEY_KINDS = frozenset(
-    {Kind.SESSION_OPEN, Kind.SESSION_CLOSE, Kind.STATE_CHUNK, Kind.RULES_SWITCH, Kind.MEMBER_READY}
-)
+_KINDS = frozenset(_CODECS)
 
 
 def _decode_one(kind: int, key: str, rest: memoryview) -> Command:
-    if key and kind in _EMPTY_KEY_KINDS:
+    codec = _CODECS.get(kind)
+    if codec is None:
+        raise RemoteProtocolError(f"unknown bus command kind {kind}")
+    if key and not codec.named:
+        # Kinds without a name must not carry one, so that each command has
+        # exactly one encoding.
         raise RemoteProtocolError(f"{Kind(kind).name} command must have an empty name, got {key!r}")
     if len(rest) < META_LEN.size:
         raise RemoteProtocolError(f"truncated {Kind(kind).name} command: no meta length")
@@ -861,8 +901,9 @@ def _decode_one(kind: int, key: str, rest: memoryview) -> Command:
         )
     tail = rest[meta_end:]
     try:
-        m = _META[Kind(kind)].parse(bytes(rest[META_LEN.size : meta_end]))
-        return _BUILD[kind](key, m, tail)
+        m = codec.meta.parse(bytes(rest[META_LEN.size : meta_end]))
+        result: Command = codec.build(key, m, tail)
+        return result
     except RemoteProtocolError:
         raise
     except (
@@ -875,93 +916,6 @@ def _decode_one(kind: int, key: str, rest: memoryview) -> Command:
         OverflowError,
     ) as exc:
         raise RemoteProtocolError(f"malformed {Kind(kind).name} command: {exc}") from exc
-
-
-def _no_tail(kind: Kind, tail: memoryview) -> None:
-    if len(tail):
-        raise RemoteProtocolError(f"{kind.name} command has {len(tail)} unexpected trailing bytes")
-
-
-def _positions(values: Iterable[int]) -> tuple[int, ...]:
-    return tuple(values)
-
-
-def _build_replicated(key: str, m: Any, tail: memoryview) -> Replicated:
-    inner = decode_frame_untrusted(tail)
-    if len(inner) != len(m.modes):
-        raise RemoteProtocolError(
-            f"Replicated command has {len(m.modes)} modes for {len(inner)} commands"
-        )
-    if any(isinstance(c, Replicated) for c in inner):
-        raise RemoteProtocolError("nested Replicated command")
-    return Replicated(
-        key,
-        m.incarnation,
-        m.origin_cseq,
-        m.epoch,
-        m.origin_time_us,
-        tuple(Mode(x) for x in m.modes),
-        tuple(inner),
-    )
-
-
-def _tailless(kind: Kind, build: Any) -> Any:
-    def run(key: str, m: Any, tail: memoryview) -> Command:
-        _no_tail(kind, tail)
-        result: Command = build(key, m)
-        return result
-
-    return run
-
-
-_BUILD: dict[int, Any] = {
-    Kind.QUEUE_DECLARE: _tailless(
-        Kind.QUEUE_DECLARE, lambda k, m: QueueDeclare(k, _map_in(m.args))
-    ),
-    Kind.QUEUE_DELETE: _tailless(Kind.QUEUE_DELETE, lambda k, m: QueueDelete(k)),
-    Kind.EXCHANGE_DECLARE: _tailless(
-        Kind.EXCHANGE_DECLARE,
-        lambda k, m: ExchangeDeclare(k, ExchangeType(m.type), _map_in(m.args)),
-    ),
-    Kind.EXCHANGE_DELETE: _tailless(Kind.EXCHANGE_DELETE, lambda k, m: ExchangeDelete(k)),
-    Kind.BIND: _tailless(Kind.BIND, lambda k, m: Bind(k, m.queue, m.binding_key, _map_in(m.args))),
-    Kind.UNBIND: _tailless(Kind.UNBIND, lambda k, m: Unbind(k, m.queue, m.binding_key)),
-    Kind.PUBLISH: lambda k, m, tail: Publish(
-        k, m.routing_key, tail, m.message_id, _map_in(m.properties), m.ref
-    ),
-    Kind.ACQUIRE: _tailless(Kind.ACQUIRE, lambda k, m: Acquire(k, m.session, m.consumer, m.count)),
-    Kind.ACCEPT: _tailless(Kind.ACCEPT, lambda k, m: Accept(k, m.session, _positions(m.positions))),
-    Kind.RELEASE: _tailless(
-        Kind.RELEASE,
-        lambda k, m: Release(k, m.session, _positions(m.positions), m.redelivered),
-    ),
-    Kind.PURGE: _tailless(Kind.PURGE, lambda k, m: Purge(k)),
-    Kind.SESSION_OPEN: _tailless(Kind.SESSION_OPEN, lambda k, m: SessionOpen(m.session)),
-    Kind.SESSION_CLOSE: _tailless(Kind.SESSION_CLOSE, lambda k, m: SessionClose(m.session)),
-    Kind.STATE_CHUNK: lambda k, m, tail: StateChunk(
-        m.target_node, m.target_pid, m.transfer, m.index, m.final, tail
-    ),
-    Kind.RULES_SWITCH: lambda k, m, tail: RulesSwitch(tail),
-    Kind.REPLICATED: _build_replicated,
-    Kind.ENQUEUE: lambda k, m, tail: Enqueue(
-        k, m.pos, tail, m.message_id, _map_in(m.properties), m.redelivered
-    ),
-    Kind.DEQUEUE: _tailless(Kind.DEQUEUE, lambda k, m: Dequeue(k, _positions(m.positions))),
-    Kind.PROMOTE: _tailless(Kind.PROMOTE, lambda k, m: Promote(k, m.epoch, m.time_us)),
-    Kind.ACCEPT_INCARNATION: _tailless(
-        Kind.ACCEPT_INCARNATION, lambda k, m: AcceptIncarnation(k, m.incarnation)
-    ),
-    Kind.ACK_WATERMARK: _tailless(
-        Kind.ACK_WATERMARK, lambda k, m: AckWatermark(k, m.incarnation, m.cseq, m.time_us)
-    ),
-    Kind.MEMBER_READY: _tailless(
-        Kind.MEMBER_READY, lambda k, m: MemberReady(Role(m.role), m.node, m.pid)
-    ),
-    Kind.GENESIS: _tailless(Kind.GENESIS, lambda k, m: Genesis(k, m.incarnation)),
-    Kind.RESYNC_APPLY: lambda k, m, tail: ResyncApply(
-        k, m.incarnation, m.cut, m.epoch, m.origin_time_us, tail
-    ),
-}
 
 
 # --------------------------------------------------------------------------

@@ -58,7 +58,6 @@ from cluster.state.model import (
     Session,
     SiteState,
     describe_args,
-    limit_value,
     session_owner,
 )
 from protocol.cluster import (
@@ -90,12 +89,7 @@ from protocol.cluster import (
     iter_snapshot_untrusted,
 )
 from protocol.errors import DrgateError
-from protocol.modes import Mode
-
-REPLICATE_ARG = "qpid.replicate"
-REPLICATE_VALUES = ("all", "configuration", "none")
-EVENT_GENERATION_ARG = "qpid.queue_event_generation"
-EVENT_GENERATION_VALUES = (1, 2)
+from protocol.modes import Mode, check_declare_args
 
 Effects = list[Effect]
 
@@ -174,23 +168,6 @@ def _read_only_text(queue: str, origin: str, what: str) -> str:
     )
 
 
-def _check_local_args(args: Any) -> str | None:
-    """A description of what is wrong with a local declare's arguments."""
-    if REPLICATE_ARG in args and args[REPLICATE_ARG] not in REPLICATE_VALUES:
-        return (
-            f"{REPLICATE_ARG}={args[REPLICATE_ARG]!r} is not one of {', '.join(REPLICATE_VALUES)}"
-        )
-    if EVENT_GENERATION_ARG in args:
-        value = args[EVENT_GENERATION_ARG]
-        number = limit_value(value)
-        if number not in EVENT_GENERATION_VALUES:
-            return f"{EVENT_GENERATION_ARG}={value!r} is not 1 or 2"
-    for key in ("qpid.max_count", "max_depth", "qpid.max_size"):
-        if key in args and limit_value(args[key]) is None:
-            return f"{key}={args[key]!r} is not a non-negative integer"
-    return None
-
-
 def _forget_reports(state: SiteState, name: str) -> None:
     for key in [k for k in state.reported if k[1] == name]:
         del state.reported[key]
@@ -264,7 +241,7 @@ def _close_session(state: SiteState, s: Session, reason: str, eff: Effects) -> N
 def _queue_declare(
     state: SiteState, cmd: QueueDeclare, sender: Sender | None, eff: Effects
 ) -> None:
-    problem = _check_local_args(cmd.args)
+    problem = check_declare_args(cmd.args)
     if problem is not None:
         _refuse(
             state,

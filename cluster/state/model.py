@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from cluster.state.effects import Message
 from protocol.cluster import ExchangeType, Value, ValueMap
-from protocol.modes import Mode, Role
+from protocol.modes import MAX_COUNT_ARGS, MAX_SIZE_ARG, Mode, Role, limit_value
 
 # --------------------------------------------------------------------------
 # Session ids
@@ -90,11 +90,6 @@ def _match(p: tuple[str, ...], i: int, k: list[str], j: int) -> bool:
 # --------------------------------------------------------------------------
 # Queues
 # --------------------------------------------------------------------------
-
-MAX_COUNT_ARGS = ("qpid.max_count", "max_depth")
-"""Queue arguments giving the maximum number of messages (first found wins)."""
-MAX_SIZE_ARG = "qpid.max_size"
-"""Queue argument giving the maximum total body bytes."""
 
 
 class Replica:
@@ -198,17 +193,6 @@ class Queue:
 
     def available_count(self) -> int:
         return len(self.messages) - len(self.acquired)
-
-
-def limit_value(value: Value) -> int | None:
-    """A limit argument as a non-negative int, or None when it is not one."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value if value >= 0 else None
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return None
 
 
 # --------------------------------------------------------------------------

@@ -10,9 +10,9 @@ Derived data (the available-message heap, the limits parsed from arguments,
 queue byte totals) is not encoded; :func:`restore_untrusted` rebuilds it.
 
 Layout (all integers big-endian; ``str16`` = u16 length + UTF-8,
-``bytes32`` = u32 length + bytes; ``map`` = the bus frame's value map:
-u16 count, then per entry str16 key, u8 tag, payload with tags 0 null,
-1 bool u8, 2 int i64, 3 str (u32 length + UTF-8), 4 bytes32, 5 float f64)::
+``bytes32`` = u32 length + bytes; ``map`` = the bus commands' value map,
+written and read by :mod:`protocol.cluster`'s ``pack_value_map`` and
+``unpack_value_map_untrusted``)::
 
     snapshot   := magic "DRGS" | version u16 | reserved u16
                   | cluster str16 | incarnation u64 | cseq u64
@@ -51,16 +51,14 @@ from collections.abc import Callable
 from typing import Any
 
 from cluster.state.effects import Message
-from cluster.state.model import (
-    COUNTERS,
-    Exchange,
-    Origin,
-    Queue,
-    Replica,
-    Session,
-    SiteState,
+from cluster.state.model import COUNTERS, Exchange, Origin, Queue, Replica, Session, SiteState
+from protocol.cluster import (
+    ExchangeType,
+    Value,
+    ValueMap,
+    pack_value_map,
+    unpack_value_map_untrusted,
 )
-from protocol.cluster import ExchangeType, Value, ValueMap
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.modes import Mode, Role
 
@@ -72,8 +70,6 @@ _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
-_I64 = struct.Struct(">q")
-_F64 = struct.Struct(">d")
 #   pos u64 | origin_pos u64 | flags u8 | message_id length u16
 _MSG = struct.Struct(">QQBH")
 #   node u32 | pid u32 | role u8
@@ -104,30 +100,7 @@ def _bytes32(out: list[bytes], data: bytes) -> None:
 
 
 def _map(out: list[bytes], values: ValueMap) -> None:
-    out.append(_U16.pack(len(values)))
-    for k, v in values.items():
-        _str16(out, k)
-        if v is None:
-            out.append(b"\x00")
-        elif isinstance(v, bool):
-            out.append(b"\x01\x01" if v else b"\x01\x00")
-        elif isinstance(v, int):
-            out.append(b"\x02")
-            try:
-                out.append(_I64.pack(v))
-            except struct.error as exc:
-                raise LocalProtocolError(f"argument {k!r}={v} does not fit in 64 bits") from exc
-        elif isinstance(v, str):
-            out.append(b"\x03")
-            _bytes32(out, v.encode("utf-8"))
-        elif isinstance(v, bytes | bytearray | memoryview):
-            out.append(b"\x04")
-            _bytes32(out, bytes(v))
-        elif isinstance(v, float):
-            out.append(b"\x05")
-            out.append(_F64.pack(v))
-        else:
-            raise LocalProtocolError(f"argument {k!r} has type {type(v).__name__}")
+    out.append(pack_value_map(values))
 
 
 def _message(out: list[bytes], m: Message) -> None:
@@ -310,27 +283,8 @@ class _Reader:
         return self.raw(self.u32())
 
     def map(self) -> dict[str, Value]:
-        out: dict[str, Value] = {}
-        for _ in range(self.u16()):
-            k = self.str16()
-            tag = self.u8()
-            v: Value
-            if tag == 0:
-                v = None
-            elif tag == 1:
-                v = self.u8() != 0
-            elif tag == 2:
-                (v,) = self.unpack(_I64)
-            elif tag == 3:
-                v = self.bytes32().decode("utf-8")
-            elif tag == 4:
-                v = self.bytes32()
-            elif tag == 5:
-                (v,) = self.unpack(_F64)
-            else:
-                raise RemoteProtocolError(f"snapshot has unknown value tag {tag} for {k!r}")
-            out[k] = v
-        return out
+        values, self.off = unpack_value_map_untrusted(self.data, self.off)
+        return values
 
 
 def restore_untrusted(data: bytes | bytearray | memoryview) -> SiteState:
@@ -423,6 +377,7 @@ def _restore(r: _Reader) -> SiteState:
         size = len(data)
         unpack_msg = _MSG.unpack_from
         unpack_u32 = _U32.unpack_from
+        unpack_map = unpack_value_map_untrusted
         count = r.u32()
         off = r.off
         # The hot loop of a restore: slices, one bound check per message.
@@ -433,9 +388,7 @@ def _restore(r: _Reader) -> SiteState:
             off += mid_len
             props = None
             if flags & _HAS_PROPERTIES:
-                r.off = off
-                props = r.map()
-                off = r.off
+                props, off = unpack_map(data, off)
             (body_len,) = unpack_u32(data, off)
             off += 4
             body = data[off : off + body_len]

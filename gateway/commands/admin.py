@@ -4,14 +4,8 @@ The counterpart of Qpid's ``qpid-config``.  It talks AMQP 1.0 to a broker:
 requests go as JSON messages to the broker's ``$drgate.admin`` address and are
 settled once the change has come back on the site bus (so every broker has
 it); listings come from ``$drgate.queues``.  ``--replicate`` sets the Qpid
-queue arguments that the rules' ``from-args`` mode reads:
-
-=========  ==================================================================
-full       qpid.replicate=all, qpid.queue_event_generation=2
-enqueue    qpid.replicate=all, qpid.queue_event_generation=1
-wiring     qpid.replicate=configuration
-none       qpid.replicate=none
-=========  ==================================================================
+queue arguments that the rules' ``from-args`` mode reads
+(:func:`protocol.modes.declare_args`).
 """
 
 from __future__ import annotations
@@ -24,17 +18,14 @@ from rich.console import Console
 from rich.table import Table
 
 from protocol.errors import DrgateError
+from protocol.modes import Mode, declare_args
 
 NAME = "admin"
 HELP = "declare, delete and list queues, exchanges and bindings (like qpid-config)"
 TIMEOUT_S = 30.0
 
-REPLICATE_ARGS: dict[str, dict[str, Any]] = {
-    "full": {"qpid.replicate": "all", "qpid.queue_event_generation": 2},
-    "enqueue": {"qpid.replicate": "all", "qpid.queue_event_generation": 1},
-    "wiring": {"qpid.replicate": "configuration"},
-    "none": {"qpid.replicate": "none"},
-}
+REPLICATE_ARGS: dict[str, dict[str, Any]] = {mode.label: declare_args(mode) for mode in Mode}
+"""``--replicate`` label -> the queue arguments that ask for that mode."""
 
 
 class AdminError(DrgateError):
@@ -101,16 +92,22 @@ def request_for(args: argparse.Namespace) -> dict[str, Any]:
     return request
 
 
+def _connect(url: str) -> Any:
+    """A blocking AMQP connection to ``url``; :class:`AdminError` if none."""
+    from proton.utils import BlockingConnection
+
+    try:
+        return BlockingConnection(url, timeout=TIMEOUT_S)
+    except Exception as exc:
+        raise AdminError(f"cannot connect to {url}: {exc}") from exc
+
+
 def send_request(url: str, request: dict[str, Any]) -> None:
     """Send one request; returns once every broker of the site applied it.
     Raises :class:`AdminError` with the broker's reason when it refused."""
     from proton import Disposition, Message
-    from proton.utils import BlockingConnection
 
-    try:
-        conn = BlockingConnection(url, timeout=TIMEOUT_S)
-    except Exception as exc:
-        raise AdminError(f"cannot connect to {url}: {exc}") from exc
+    conn = _connect(url)
     try:
         sender = conn.create_sender("$drgate.admin")
         delivery = sender.send(Message(body=json.dumps(request)), error_states=[])
@@ -127,12 +124,7 @@ def send_request(url: str, request: dict[str, Any]) -> None:
 
 
 def describe(url: str) -> dict[str, Any]:
-    from proton.utils import BlockingConnection
-
-    try:
-        conn = BlockingConnection(url, timeout=TIMEOUT_S)
-    except Exception as exc:
-        raise AdminError(f"cannot connect to {url}: {exc}") from exc
+    conn = _connect(url)
     try:
         receiver = conn.create_receiver("$drgate.queues")
         message = receiver.receive(timeout=TIMEOUT_S)
