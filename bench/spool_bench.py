@@ -29,14 +29,16 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import trio
 
 from gateway.spool import FsyncPolicy, Spool
 
+T = TypeVar("T")
 PAYLOAD = 200
 BATCH = 100
 BATCH_SIZES = (1, 10, 100, 1000)
@@ -70,11 +72,12 @@ def percentiles(samples_s: list[float]) -> str:
     return f"p50 {q[49]:>8.0f}  p90 {q[89]:>8.0f}  p99 {q[98]:>8.0f}  max {us[-1]:>8.0f} µs"
 
 
-def timed(call: Callable[[], object], n: int) -> list[float]:
+def timed(call: Callable[[T], object], args: Iterable[T]) -> list[float]:
+    """Seconds each ``call(arg)`` took."""
     samples = []
-    for _ in range(n):
+    for arg in args:
         start = time.perf_counter()
-        call()
+        call(arg)
         samples.append(time.perf_counter() - start)
     return samples
 
@@ -110,22 +113,20 @@ def append_latency(policy: FsyncPolicy, base: Path) -> None:
     for size in BATCH_SIZES:
         calls = CALLS if size < 1000 else CALLS // 4
         with spool_in(base, policy) as s:
-            batches = iter([events(1 + i * size, size) for i in range(calls)])
-            samples = timed(lambda: s.append_many(next(batches)), calls)
+            batches = [events(1 + i * size, size) for i in range(calls)]
+            samples = timed(s.append_many, batches)
         print(f"append_many fsync={policy.value:<6} {size:>5} events  {percentiles(samples)}")
 
 
 def trim_costs(policy: FsyncPolicy, base: Path) -> None:
     with spool_in(base, policy) as s:  # one 16 MiB segment: no trim deletes a file
         s.append_many(events(1, 60_000))
-        upto = iter(range(1, 60_000))
-        samples = timed(lambda: s.trim(next(upto)), CALLS)
+        samples = timed(s.trim, range(1, CALLS + 1))
         print(f"trim in the head segment  fsync={policy.value:<6}   {percentiles(samples)}")
     with spool_in(base, policy, segment_bytes=64 << 10) as s:  # ~290 events a segment
         s.append_many(events(1, 60_000))
         per_segment = 60_000 // s.statistics().segments
-        marks = iter(range(per_segment, 60_000, per_segment))
-        samples = timed(lambda: s.trim(next(marks)), 100)
+        samples = timed(s.trim, range(per_segment, 101 * per_segment, per_segment))
         print(f"trim deleting 1 segment   fsync={policy.value:<6}   {percentiles(samples)}")
 
 
@@ -140,11 +141,10 @@ def read_costs(base: Path) -> None:
             assert len(s.read_after(first - 1, 1 << 20)) == 100
             samples.append(time.perf_counter() - start)
         print(f"read_after: the 100 newest events        {percentiles(samples)}")
-        starts = iter(range(1, 100_000, 200))
-        samples = timed(lambda: s.read_after(next(starts), 1 << 20), 100)
+        samples = timed(lambda after: s.read_after(after, 1 << 20), range(1, 100_000, 1000))
         print(f"read_after: a 1 MiB replay page          {percentiles(samples)}")
         last = s.statistics().last_seq or 0
-        samples = timed(lambda: s.read_after(last, 1 << 20), CALLS)
+        samples = timed(lambda after: s.read_after(after, 1 << 20), [last] * CALLS)
         print(f"read_after: nothing new                  {percentiles(samples)}")
 
 
