@@ -47,18 +47,23 @@ is encoded, is never seen ahead of the write that follows in the same call
 cannot ack past one in flight; and a slow disk slows the applier instead of
 filling a queue that would have to drop events (the applier hook cannot
 wait).  The price is an event-loop stall per call, measured by
-bench/spool_bench.py on the build machine (ext4, virtual disk, 200-byte
-events; p50 / p99):
+bench/spool_bench.py (ext4 on a virtual disk, 200-byte events; p50 / p99 with
+the disk to itself, then with other processes' tests loading it):
 
-    append_many fsync=batch  1 / 10 / 100 / 1000 events: 110/340, 135/360,
-                             240/1750 µs, 0.9/3.5 ms (never: 2 µs ... 0.64 ms)
-    trim 0.5-0.9 ms (batch), 0.2-0.3 ms (never): it rewrites spool.state
-    read_after: 100 newest events 80/110 µs, a 1 MiB replay page 2.5 ms
-    open: 150 ms per 45 MB scanned; trio.to_thread.run_sync hop 42-66/80-120 µs
+    append_many fsync=batch, 1 to 100 events  0.11-0.3 / 0.3-1.8 ms; loaded 0.7-1 / 9 ms
+                             1000 events      1 / 2-3.5 ms;          loaded 1.9 / 11 ms
+    append_many fsync=never, 100 events       70 / 105-280 µs
+    trim (rewrites spool.state), batch        0.4-0.9 / 0.8-1.3 ms;  loaded 2-3 / 12-15 ms
+    read_after, p50: 100 newest events        80 µs; a 1 MiB replay page 2.5 ms
+    open: the scan, per 45 MB spooled         120-150 ms
+    trio.to_thread.run_sync(no-op)            43-66 µs / 0.1-1.2 ms
 
-A thread hop costs a third to a half of a small batch's fdatasync and would
-free the loop only for the rest; the stalls are far below the link's and the
-bus's timers (seconds).  :meth:`Spool.statistics`, :attr:`Spool.floor` and
+A hop costs a third to a half of a small batch's fdatasync and would free the
+loop only for the rest; even the loaded worst cases (tens of ms) are far
+below the link's ping (5 s) and heartbeat timeout (15 s).  The way out, if
+they ever matter, is a writer task that owns the spool and takes appends and
+trims in stream order through a channel (group-committing what queued up).
+:meth:`Spool.statistics`, :attr:`Spool.floor` and
 :meth:`Spool.needs_resync` touch only memory.  Not thread-safe: one call at
 a time.
 """
