@@ -1,9 +1,23 @@
-"""Append and read-back rates of the spool (gateway/spool.py).
+"""What the spool (gateway/spool.py) costs, and what a thread hop would cost instead.
 
-Appends 200-byte events in batches of 100 with fsync ``never`` and ``batch``,
-then reads them all back with ``read_after`` in 1 MiB pages, and prints
-events/s and MB/s (payload bytes) for each.  The spool lives in a temporary
-directory (``--dir`` to put it on the disk the sidecar would use).
+Prints, for 200-byte events, with fsync ``never`` and ``batch``:
+
+* throughput: ``append_many`` in batches of 100, then ``read_after`` in 1 MiB
+  pages (events/s and MB/s of payload);
+* latency of one ``append_many`` call (its fdatasync included) for batches of
+  1, 10, 100 and 1000 events: p50, p90, p99 and max in microseconds.  This is
+  how long the trio thread is held when the applier's ``_after_frame`` hook
+  spools one frame's events;
+* ``trim`` inside the head segment (rewrites ``spool.state``) and ``trim``
+  that deletes whole segments;
+* ``read_after`` as the egress calls it: the events of the batch just
+  appended (caught up), a 1 MiB replay page, and nothing new;
+* ``Spool.open`` of an existing spool (it scans and checks every record);
+* one ``trio.to_thread.run_sync`` round trip of a no-op, the floor of what
+  moving any of these calls off the trio thread would add per call.
+
+The spool lives in a temporary directory (``--dir`` to put it on the disk the
+sidecar would use: the fdatasync figures are the disk's, not the code's).
 
     .venv/bin/python bench/spool_bench.py [--events 200000] [--dir /var/tmp]
 """
@@ -12,53 +26,149 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
+
+import trio
 
 from gateway.spool import FsyncPolicy, Spool
 
+T = TypeVar("T")
 PAYLOAD = 200
 BATCH = 100
+BATCH_SIZES = (1, 10, 100, 1000)
+# Calls timed per latency row: enough for a p99, few enough for a slow disk.
+CALLS = 400
+SEGMENT_BYTES = 16 << 20
 
 
-def bench(policy: FsyncPolicy, n_events: int, base: Path) -> None:
+@contextmanager
+def spool_in(
+    base: Path, policy: FsyncPolicy, *, segment_bytes: int = SEGMENT_BYTES
+) -> Iterator[Spool]:
     directory = Path(tempfile.mkdtemp(prefix=f"spool-{policy.value}-", dir=base))
-    payload = b"p" * PAYLOAD
-    batches = [
-        [(seq, seq * 10, payload) for seq in range(first, first + BATCH)]
-        for first in range(1, n_events + 1, BATCH)
-    ]
     try:
-        with Spool.open(directory, max_bytes=4 << 30, segment_bytes=16 << 20, fsync=policy) as s:
-            start = time.perf_counter()
-            for batch in batches:
-                s.append_many(batch)
-            append_s = time.perf_counter() - start
-            stats = s.statistics()
-
-            start = time.perf_counter()
-            after, read = 0, 0
-            while True:
-                page = s.read_after(after, 1 << 20)
-                if not page:
-                    break
-                read += len(page)
-                after = page[-1][0]
-            read_s = time.perf_counter() - start
-        assert read == n_events, (read, n_events)
-        mb = n_events * PAYLOAD / 1e6
-        print(
-            f"append fsync={policy.value:<6} {n_events / append_s:>10,.0f} events/s "
-            f"{mb / append_s:>7.1f} MB/s  ({stats.segments} segments, {stats.fsyncs} fsyncs, "
-            f"{append_s:.2f} s)"
-        )
-        print(
-            f"read   fsync={policy.value:<6} {n_events / read_s:>10,.0f} events/s "
-            f"{mb / read_s:>7.1f} MB/s  ({read_s:.2f} s)"
-        )
+        with Spool.open(
+            directory, max_bytes=4 << 30, segment_bytes=segment_bytes, fsync=policy
+        ) as spool:
+            yield spool
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def events(first: int, n: int) -> list[tuple[int, int, bytes]]:
+    payload = b"p" * PAYLOAD
+    return [(seq, seq * 10, payload) for seq in range(first, first + n)]
+
+
+def percentiles(samples_s: list[float]) -> str:
+    us = sorted(s * 1e6 for s in samples_s)
+    q = statistics.quantiles(us, n=100, method="inclusive")
+    return f"p50 {q[49]:>8.0f}  p90 {q[89]:>8.0f}  p99 {q[98]:>8.0f}  max {us[-1]:>8.0f} µs"
+
+
+def timed(call: Callable[[T], object], args: Iterable[T]) -> list[float]:
+    """Seconds each ``call(arg)`` took."""
+    samples = []
+    for arg in args:
+        start = time.perf_counter()
+        call(arg)
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def throughput(policy: FsyncPolicy, n_events: int, base: Path) -> None:
+    batches = [events(first, BATCH) for first in range(1, n_events + 1, BATCH)]
+    with spool_in(base, policy) as s:
+        start = time.perf_counter()
+        for batch in batches:
+            s.append_many(batch)
+        append_s = time.perf_counter() - start
+        stats = s.statistics()
+        start = time.perf_counter()
+        after, read = 0, 0
+        while page := s.read_after(after, 1 << 20):
+            read += len(page)
+            after = page[-1][0]
+        read_s = time.perf_counter() - start
+    assert read == n_events, (read, n_events)
+    mb = n_events * PAYLOAD / 1e6
+    print(
+        f"append fsync={policy.value:<6} {n_events / append_s:>10,.0f} events/s "
+        f"{mb / append_s:>7.1f} MB/s  ({stats.segments} segments, {stats.fsyncs} fsyncs, "
+        f"{append_s:.2f} s)"
+    )
+    print(
+        f"read   fsync={policy.value:<6} {n_events / read_s:>10,.0f} events/s "
+        f"{mb / read_s:>7.1f} MB/s  ({read_s:.2f} s)"
+    )
+
+
+def append_latency(policy: FsyncPolicy, base: Path) -> None:
+    for size in BATCH_SIZES:
+        calls = CALLS if size < 1000 else CALLS // 4
+        with spool_in(base, policy) as s:
+            batches = [events(1 + i * size, size) for i in range(calls)]
+            samples = timed(s.append_many, batches)
+        print(f"append_many fsync={policy.value:<6} {size:>5} events  {percentiles(samples)}")
+
+
+def trim_costs(policy: FsyncPolicy, base: Path) -> None:
+    with spool_in(base, policy) as s:  # one 16 MiB segment: no trim deletes a file
+        s.append_many(events(1, 60_000))
+        samples = timed(s.trim, range(1, CALLS + 1))
+        print(f"trim in the head segment  fsync={policy.value:<6}   {percentiles(samples)}")
+    with spool_in(base, policy, segment_bytes=64 << 10) as s:  # ~290 events a segment
+        s.append_many(events(1, 60_000))
+        per_segment = 60_000 // s.statistics().segments
+        samples = timed(s.trim, range(per_segment, 101 * per_segment, per_segment))
+        print(f"trim deleting 1 segment   fsync={policy.value:<6}   {percentiles(samples)}")
+
+
+def read_costs(base: Path) -> None:
+    with spool_in(base, FsyncPolicy.NEVER) as s:
+        s.append_many(events(1, 100_000))
+        samples = []
+        for i in range(CALLS):  # the egress caught up: the frame just spooled
+            first = 100_001 + i * 100
+            s.append_many(events(first, 100))
+            start = time.perf_counter()
+            assert len(s.read_after(first - 1, 1 << 20)) == 100
+            samples.append(time.perf_counter() - start)
+        print(f"read_after: the 100 newest events        {percentiles(samples)}")
+        samples = timed(lambda after: s.read_after(after, 1 << 20), range(1, 100_000, 1000))
+        print(f"read_after: a 1 MiB replay page          {percentiles(samples)}")
+        last = s.statistics().last_seq or 0
+        samples = timed(lambda after: s.read_after(after, 1 << 20), [last] * CALLS)
+        print(f"read_after: nothing new                  {percentiles(samples)}")
+
+
+def open_cost(n_events: int, base: Path) -> None:
+    with spool_in(base, FsyncPolicy.NEVER) as s:
+        s.append_many(events(1, n_events))
+        mb = s.statistics().bytes / 1e6
+        s.close()
+        start = time.perf_counter()
+        Spool.open(s.directory, max_bytes=4 << 30, segment_bytes=SEGMENT_BYTES).close()
+        took = time.perf_counter() - start
+    print(f"Spool.open (recovery scan) of {mb:.0f} MB   {took * 1e3:>8.0f} ms")
+
+
+def thread_hop() -> None:
+    async def hops() -> list[float]:
+        samples = []
+        for _ in range(CALLS):
+            start = time.perf_counter()
+            await trio.to_thread.run_sync(lambda: None)
+            samples.append(time.perf_counter() - start)
+        return samples
+
+    print(f"trio.to_thread.run_sync(no-op)           {percentiles(trio.run(hops))}")
 
 
 def main() -> None:
@@ -69,7 +179,14 @@ def main() -> None:
     base = args.dir or Path(tempfile.gettempdir())
     print(f"{args.events:,} events of {PAYLOAD} B in batches of {BATCH}, spool under {base}")
     for policy in (FsyncPolicy.NEVER, FsyncPolicy.BATCH):
-        bench(policy, args.events, base)
+        throughput(policy, args.events, base)
+    for policy in (FsyncPolicy.NEVER, FsyncPolicy.BATCH):
+        append_latency(policy, base)
+    for policy in (FsyncPolicy.NEVER, FsyncPolicy.BATCH):
+        trim_costs(policy, base)
+    read_costs(base)
+    open_cost(args.events, base)
+    thread_hop()
 
 
 if __name__ == "__main__":

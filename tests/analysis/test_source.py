@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from analysis.source import SCHEMA, CaptureSourceError, arrow_schema, list_segments, segment_batches
-from protocol.capture import (
-    NO_RULE,
-    CaptureRecord,
-    CaptureRole,
-    CaptureWriter,
-    SegmentHeader,
-    Stream,
-)
+from protocol.capture import NO_RULE, CaptureRecord, CaptureRole, SegmentHeader, Stream
 from protocol.errors import RemoteProtocolError
 from protocol.modes import Mode
+from tests.analysis.twosite import segment_bytes
 
 HEADER = SegmentHeader("dr", 3, CaptureRole.INGRESS, Stream.INGESTED, 0, 2**64 - 1, payloads=True)
 RECORDS = [
@@ -33,12 +26,7 @@ RECORDS = [
 def write(
     path: Path, header: SegmentHeader = HEADER, records: list[CaptureRecord] = RECORDS
 ) -> None:
-    out = io.BytesIO()
-    writer = CaptureWriter(out, header)
-    for r in records:
-        writer.append(r)
-    writer.close(9_000_000)
-    path.write_bytes(out.getvalue())
+    path.write_bytes(segment_bytes(header, records, end_us=9_000_000))
 
 
 def test_batches_one_row_per_queue(tmp_path: Path) -> None:
@@ -92,12 +80,8 @@ def test_corrupt_segment_fails_with_protocol_error(tmp_path: Path) -> None:
 def test_spark_reads_segments_one_partition_each(spark: Any, tmp_path: Path) -> None:
     write(tmp_path / "one.cap")
     write(tmp_path / "two.cap", records=RECORDS[:1])
-    out = io.BytesIO()
-    writer = CaptureWriter(out, HEADER)
-    for r in RECORDS:
-        writer.append(r)
-    writer.flush()
-    (tmp_path / "three.cap").write_bytes(out.getvalue()[:-3])  # cut inside the last record
+    cut = segment_bytes(HEADER, RECORDS, end_us=None)[:-3]  # cut inside the last record
+    (tmp_path / "three.cap").write_bytes(cut)
     df = spark.read.format("drgate-capture").option("payloads", "true").load(str(tmp_path))
     assert df.schema == SCHEMA
     assert df.rdd.getNumPartitions() == 3

@@ -8,6 +8,7 @@ segments are written.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -91,6 +92,25 @@ def plan(events: int = 60) -> Run:
     return run
 
 
+def segment_bytes(
+    header: SegmentHeader, records: list[CaptureRecord], *, end_us: int | None
+) -> bytes:
+    """A capture segment's bytes, as protocol/capture's writer leaves them.
+
+    Closed with its trailer at ``end_us``; with ``end_us=None`` flushed but not
+    closed, as a writer killed after its last flush leaves it (no trailer).
+    """
+    out = io.BytesIO()
+    writer = CaptureWriter(out, header)
+    for r in records:
+        writer.append(r)
+    if end_us is None:
+        writer.flush()
+    else:
+        writer.close(end_us)
+    return out.getvalue()
+
+
 def _header(site: str, node: int, role: CaptureRole, stream: Stream, inc: int) -> SegmentHeader:
     return SegmentHeader(site, node, role, stream, T0, incarnation=inc)
 
@@ -106,17 +126,9 @@ def write(
     end = T0 + 3_600_000_000
 
     def segment(name: str, header: SegmentHeader, records: list[CaptureRecord], cut: bool) -> None:
-        path = directory / name
-        with path.open("wb") as fh:
-            writer = CaptureWriter(fh, header)
-            for r in records:
-                writer.append(r)
-            if not cut:
-                writer.close(end)
-                return
-            writer.flush()
-        data = path.read_bytes()
-        path.write_bytes(data[:-7])  # the last record's block lost its tail
+        data = segment_bytes(header, records, end_us=None if cut else end)
+        # A cut segment: the last record's block lost its tail.
+        (directory / name).write_bytes(data[:-7] if cut else data)
 
     segment(
         "p1-tapped-0000.cap",

@@ -1,4 +1,4 @@
-"""The spool (gateway/spool.py): round trips against a model, recovery, overflow, fsync."""
+"""The spool (gateway/spool.py, spoolfile.py): model round trips, recovery, overflow, fsync."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from gateway import spool as sp
+from gateway import spoolfile as sf
 from gateway.spool import FsyncPolicy, Spool, SpoolCorruptError, SpoolError
 
 Event = tuple[int, int, bytes]
@@ -34,12 +35,12 @@ def seg_files(d: Path) -> list[Path]:
 
 
 def test_record_layout_matches_the_construct_definition() -> None:
-    raw = sp.encode_record(7, 123456, b"hello")
-    head = sp.RecordHeader.parse(raw[: sp.HEADER_SIZE])
+    raw = sf.encode_record(7, 123456, b"hello")
+    head = sf.RecordHeader.parse(raw[: sf.HEADER_SIZE])
     assert (head.length, head.seq, head.time_us) == (5, 7, 123456)
-    assert head.crc == sp.record_crc(7, 123456, b"hello")
-    assert raw[sp.HEADER_SIZE :] == b"hello"
-    assert sp.RecordHeader.build(head) == raw[: sp.HEADER_SIZE]
+    assert head.crc == sf.record_crc(7, 123456, b"hello")
+    assert raw[sf.HEADER_SIZE :] == b"hello"
+    assert sf.RecordHeader.build(head) == raw[: sf.HEADER_SIZE]
 
 
 def test_segment_is_named_by_first_seq_and_starts_with_preamble(tmp_path: Path) -> None:
@@ -48,8 +49,8 @@ def test_segment_is_named_by_first_seq_and_starts_with_preamble(tmp_path: Path) 
     (only,) = seg_files(tmp_path)
     assert only.name == "00000000000000001234.seg"
     data = only.read_bytes()
-    sp.Preamble.parse(data[: sp.PREAMBLE_SIZE])
-    assert data[sp.PREAMBLE_SIZE :].startswith(sp.encode_record(*events(1234, 1)[0]))
+    sf.Preamble.parse(data[: sf.PREAMBLE_SIZE])
+    assert data[sf.PREAMBLE_SIZE :].startswith(sf.encode_record(*events(1234, 1)[0]))
 
 
 # --- round trips ---------------------------------------------------------------
@@ -80,7 +81,7 @@ def test_append_read_trim_reopen(tmp_path: Path) -> None:
 def test_read_after_respects_byte_budget_but_returns_at_least_one(tmp_path: Path) -> None:
     with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 16, fsync="never") as s:
         s.append_many(events(1, 100, size=100))
-        rec = sp.HEADER_SIZE + 100
+        rec = sf.HEADER_SIZE + 100
         got = s.read_after(0, 10 * rec)
         assert [e[0] for e in got] == list(range(1, 11))
         assert len(s.read_after(0, 10 * rec - 1)) == 9
@@ -169,7 +170,7 @@ def test_bound_never_exceeded_by_more_than_one_segment_with_big_batches(tmp_path
             batch = events(seq, 7, size=size)
             seq += 7
             s.append_many(batch)
-            assert s.statistics().bytes <= max_bytes + seg_bytes + sp.HEADER_SIZE + size
+            assert s.statistics().bytes <= max_bytes + seg_bytes + sf.HEADER_SIZE + size
             assert read_all(s)[-1] == batch[-1]
 
 
@@ -193,7 +194,7 @@ def test_torn_tail_at_every_byte_of_the_last_record(
         s.append_many(evs)
     (seg,) = seg_files(base)
     full = seg.read_bytes()
-    last_len = sp.HEADER_SIZE + 30
+    last_len = sf.HEADER_SIZE + 30
     start = len(full) - last_len
     for cut in range(start, len(full)):
         work = tmp_path / f"cut{cut}"
@@ -229,9 +230,9 @@ def test_corruption_in_the_middle_names_file_and_offset(tmp_path: Path) -> None:
         s.append_many(evs)
     (seg,) = seg_files(tmp_path)
     data = bytearray(seg.read_bytes())
-    rec = sp.HEADER_SIZE + 30
-    bad_offset = sp.PREAMBLE_SIZE + 3 * rec
-    data[bad_offset + sp.HEADER_SIZE + 5] ^= 0xFF  # a payload byte of seq 4
+    rec = sf.HEADER_SIZE + 30
+    bad_offset = sf.PREAMBLE_SIZE + 3 * rec
+    data[bad_offset + sf.HEADER_SIZE + 5] ^= 0xFF  # a payload byte of seq 4
     seg.write_bytes(bytes(data))
     with pytest.raises(SpoolCorruptError) as info:
         Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 16)
@@ -247,7 +248,7 @@ def test_corruption_found_on_read_is_reported(tmp_path: Path) -> None:
         s.append_many(events(1, 10))
         (seg,) = seg_files(tmp_path)
         with open(seg, "r+b") as f:
-            f.seek(sp.PREAMBLE_SIZE + sp.HEADER_SIZE + 1)
+            f.seek(sf.PREAMBLE_SIZE + sf.HEADER_SIZE + 1)
             f.write(b"!")
         with pytest.raises(SpoolCorruptError, match="CRC mismatch reading seq 1"):
             read_all(s)
@@ -270,9 +271,9 @@ def test_torn_middle_segment_counts_as_loss(tmp_path: Path) -> None:
 def test_crash_leftovers_are_cleaned(tmp_path: Path) -> None:
     with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1024, fsync="never") as s:
         s.append_many(events(1, 5))
-    (tmp_path / sp.segment_name(99)).write_bytes(b"DRG")  # crashed before the preamble
+    (tmp_path / sf.segment_name(99)).write_bytes(b"DRG")  # crashed before the preamble
     with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1024) as s:
-        assert [p.name for p in seg_files(tmp_path)] == [sp.segment_name(1)]
+        assert [p.name for p in seg_files(tmp_path)] == [sf.segment_name(1)]
         s.append_many(events(99, 1))
         assert read_all(s)[-1][0] == 99
 
@@ -357,10 +358,10 @@ class SpoolMachine(RuleBasedStateMachine):
         assert got == want[: len(got)]
         if want:
             assert got
-            used = sum(sp.HEADER_SIZE + len(e[2]) for e in got)
+            used = sum(sf.HEADER_SIZE + len(e[2]) for e in got)
             assert len(got) == 1 or used <= budget
             if len(got) < len(want):
-                assert used + sp.HEADER_SIZE + len(want[len(got)][2]) > budget
+                assert used + sf.HEADER_SIZE + len(want[len(got)][2]) > budget
 
     @rule()
     def reopen(self) -> None:
@@ -374,7 +375,7 @@ class SpoolMachine(RuleBasedStateMachine):
     @invariant()
     def bounded(self) -> None:
         stats = self.spool.statistics()
-        assert stats.bytes <= self.MAX + self.SEG + sp.HEADER_SIZE + 400
+        assert stats.bytes <= self.MAX + self.SEG + sf.HEADER_SIZE + 400
         assert stats.bytes == sum(p.stat().st_size for p in self.dir.glob("*.seg"))
         lost = stats.lost_upto or 0
         assert stats.overflowed == (lost > self.trimmed)
