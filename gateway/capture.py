@@ -42,6 +42,7 @@ from filters.matcher import Decision, RuleSet
 from gateway.captureconfig import CaptureConfig, load_capture
 from gateway.capturefiles import CaptureFiles, Item
 from gateway.capturerecords import tapped_records, without_payload
+from gateway.roles import SidecarRole
 from protocol import cluster as pc
 from protocol.capture import CaptureRecord, CaptureRole, Stream
 from protocol.errors import DrgateError
@@ -63,16 +64,16 @@ FLUSH_INTERVAL_S: Final = 0.2
 # rather than grow the sidecar's memory.
 MAX_BATCH_ITEMS: Final = 200_000
 
-_ROLES: Final = {
-    "egress": CaptureRole.EGRESS,
-    "ingress": CaptureRole.INGRESS,
-    "standby": CaptureRole.STANDBY,
-    "ingress-standby": CaptureRole.STANDBY,
+_ROLES: Final[dict[str, CaptureRole]] = {
+    SidecarRole.EGRESS: CaptureRole.EGRESS,
+    SidecarRole.INGRESS: CaptureRole.INGRESS,
+    SidecarRole.STANDBY: CaptureRole.STANDBY,
+    SidecarRole.INGRESS_STANDBY: CaptureRole.STANDBY,
 }
 
 
 def capture_role(role: str) -> CaptureRole:
-    """The capture role of a sidecar role name (``Sidecar.current_role()``)."""
+    """The capture role of a sidecar role (``Sidecar.current_role()``)."""
     return _ROLES.get(role, CaptureRole.UNKNOWN)
 
 

@@ -77,6 +77,12 @@ class RoleSignal:
         self._event.set()
         self._event = trio.Event()
 
+    @property
+    def next_change(self) -> trio.Event:
+        """The event the next :meth:`changed` sets: take it before looking at
+        the roles, then wait on it, and no change in between is missed."""
+        return self._event
+
     async def wait(self) -> None:
         """Until the next :meth:`changed`."""
         await self._event.wait()

@@ -28,15 +28,15 @@ from pathlib import Path
 import trio
 
 from cluster.addresses import Address
-from cluster.bus import BusConfig, MemberId, ViewChange
-from cluster.member import NullObserver, SiteMember
+from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
+from cluster.member import BusOpener, NullObserver, SiteMember
 from cluster.state.effects import Effect
 from cluster.state.model import SiteState
 from cluster.statistics import BusSection
 from cluster.tls import TlsFiles, client_context, server_context
 from filters.matcher import RuleSet
 from gateway.capture import CaptureConfig, CaptureSink, capture_role
-from gateway.egress import CONNECT_TIMEOUT_S, Egress
+from gateway.egress import CONNECT_TIMEOUT_S, Connector, Egress
 from gateway.ingress import Ingress
 from gateway.roles import RoleSignal, SidecarRole, active_sidecar, role_of
 from gateway.ruleswatch import POLL_S as RULES_POLL_S
@@ -78,9 +78,19 @@ class Sidecar(NullObserver):
     """One sidecar.  ``await nursery.start(sidecar.serve)`` returns once it
     holds the site state and its link side runs."""
 
-    def __init__(self, config: SidecarConfig) -> None:
+    def __init__(
+        self,
+        config: SidecarConfig,
+        *,
+        open_member: BusOpener = open_bus,
+        connect: Connector | None = None,
+    ) -> None:
+        """``open_member`` joins the site bus and ``connect`` dials one of D's
+        sidecars; tests pass in-memory ones."""
         self.config = config
-        self.member = SiteMember(config.site, config.bus, role=Role.SIDECAR, observer=self)
+        self.member = SiteMember(
+            config.site, config.bus, role=Role.SIDECAR, observer=self, open_member=open_member
+        )
         self.tap = Tap(config.rules, origin_cluster=config.site)
         self.rules_watch = RulesWatcher(config.rules.path)
         self.spool: Spool | None = None
@@ -106,7 +116,7 @@ class Sidecar(NullObserver):
                 spool=lambda: self.spool,
                 role=self.current_role,
                 roles=self.roles,
-                connect=self._connect,
+                connect=connect or self._connect,
                 capture=self.capture,
             )
         else:

@@ -17,7 +17,7 @@ from gateway.spool import Spool
 from gateway.tap import Tap
 from protocol import cluster as pc
 from protocol import link
-from tests.gateway.linkpeer import LinkEnd, MemberStandIn, sidecar_config
+from tests.support.linkpeer import LinkEnd, MemberStandIn, sidecar_config
 
 PAYLOAD = b"x" * 100
 

@@ -13,7 +13,7 @@ from gateway.ingress import Ingress
 from gateway.roles import SidecarRole
 from protocol import cluster as pc
 from protocol import link
-from tests.gateway.linkpeer import LinkEnd, MemberStandIn, replicated, sidecar_config
+from tests.support.linkpeer import LinkEnd, MemberStandIn, replicated, sidecar_config
 
 INCARNATION = 5
 

@@ -18,6 +18,7 @@ from gateway.sidecar import SidecarConfig
 from protocol import cluster as pc
 from protocol import link
 from protocol.modes import Mode
+from tests.support.state import Member
 
 RULES = """\
 version: 1
@@ -32,28 +33,25 @@ default: {mode: none}
 """
 
 
-def sidecar_config(tmp_path: Path, *, primary: bool, site: str, peer: str) -> SidecarConfig:
+def sidecar_config(
+    tmp_path: Path, *, primary: bool, site: str, peer: str, node: int = 1
+) -> SidecarConfig:
+    """A sidecar of ``site`` on ``node`` (its spool in ``tmp_path/spool-NODE``)."""
     rules_file = tmp_path / "rules.yaml"
     rules_file.write_text(RULES)
     return SidecarConfig(
         site=site,
         primary=primary,
-        node=1,
-        bus=BusConfig(backend="embedded", group=site, address=Address("127.0.0.1", 1), node=1),
+        node=node,
+        bus=BusConfig(backend="memory", group=site, node=node),
         peer_cluster=peer,
         peers=(Address("d1", 1), Address("d2", 1)),
         listen=None if primary else Address("127.0.0.1", 0),
-        spool_dir=str(tmp_path / "spool"),
+        spool_dir=str(tmp_path / f"spool-{node}"),
         spool_max_bytes=1 << 20,
         fsync="never",
         rules=load_rules(RULES, str(rules_file)),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class _Sender:
-    node: int = 9
-    pid: int = 9
 
 
 @dataclass
@@ -73,7 +71,7 @@ class MemberStandIn:
     def apply(self, *commands: pc.Command) -> list[Any]:
         effects: list[Any] = []
         for cmd in commands:
-            effects.extend(st.apply(self.state, cmd, sender=_Sender()))
+            effects.extend(st.apply(self.state, cmd, sender=Member(9, 9)))
             self.applied.append(cmd)
         return effects
 

@@ -1,0 +1,125 @@
+"""gateway/sidecar: whole sidecars on an in-memory site bus under a virtual
+clock: role choice, takeover when the egress is lost, a minority stands down."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+import trio.testing
+
+from cluster.addresses import Address
+from gateway.roles import SidecarRole
+from gateway.sidecar import Sidecar
+from protocol.errors import BusError
+from tests.support.linkpeer import sidecar_config
+from tests.support.membus import MemoryBus, open_memory_member
+
+WITHIN_S = 30.0  # virtual seconds
+
+
+async def wait_until(condition: Callable[[], bool], *sidecars: Sidecar) -> None:
+    """Until ``condition()`` holds, checked at every role change of ``sidecars``."""
+    with trio.fail_after(WITHIN_S):
+        while True:
+            changes = [sidecar.roles.next_change for sidecar in sidecars]
+            if condition():
+                return
+            async with trio.open_nursery() as nursery:
+                for change in changes:
+                    nursery.start_soon(_cancel_after, change, nursery.cancel_scope)
+
+
+async def _cancel_after(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+class PrimarySite:
+    """P's sidecars on one memory bus; ``dialled`` lists (node, D address) of
+    every connection an egress tries (each fails after a second)."""
+
+    def __init__(self, tmp_path: Path, nursery: trio.Nursery) -> None:
+        self.tmp_path = tmp_path
+        self.nursery = nursery
+        self.hub = MemoryBus(group="site-p", expected_members=3)
+        self.dialled: list[tuple[int, str]] = []
+        self.dialling = trio.Event()
+
+    async def wait_dialled(self, node: int) -> None:
+        """Until sidecar ``node`` has dialled D."""
+        with trio.fail_after(WITHIN_S):
+            while not any(n == node for n, _ in self.dialled):
+                await self.dialling.wait()
+                self.dialling = trio.Event()
+
+    async def start(self, node: int) -> Sidecar:
+        config = sidecar_config(
+            self.tmp_path, primary=True, site="site-p", peer="site-d", node=node
+        )
+
+        async def connect(address: Address) -> trio.abc.Stream:
+            self.dialled.append((node, str(address)))
+            self.dialling.set()
+            await trio.sleep(1)
+            raise OSError(f"{address} does not answer (test)")
+
+        sidecar = Sidecar(config, open_member=open_memory_member(self.hub), connect=connect)
+        await self.nursery.start(self._serve, sidecar)
+        return sidecar
+
+    @staticmethod
+    async def _serve(sidecar: Sidecar, *, task_status: trio.TaskStatus[None]) -> None:
+        try:
+            await sidecar.serve(task_status=task_status)
+        except* BusError:
+            pass  # killed by the test
+
+
+async def test_the_lowest_sidecar_is_the_egress_and_a_standby_takes_over(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with trio.open_nursery() as nursery:
+        site = PrimarySite(tmp_path, nursery)
+        first, second, third = [await site.start(node) for node in (1, 2, 3)]
+        await wait_until(lambda: third.current_role() == SidecarRole.STANDBY, third)
+        assert second.current_role() == SidecarRole.STANDBY
+        assert first.current_role() == SidecarRole.EGRESS
+        assert first.active_sidecar() == third.active_sidecar() == first.member.me
+        await site.wait_dialled(1)
+        assert {node for node, _ in site.dialled} == {1}  # only the egress dials D
+
+        assert first.member.me is not None
+        site.hub.kill(first.member.me)  # its process dies: no goodbye
+        await wait_until(lambda: second.current_role() == SidecarRole.EGRESS, second)
+        assert third.current_role() == SidecarRole.STANDBY
+        await site.wait_dialled(2)
+        assert {node for node, _ in site.dialled} == {1, 2}  # never the standby, node 3
+        assert second.egress is not None
+        assert second.egress.status.state == "connecting"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_sidecar_in_a_minority_neither_forwards_nor_dials(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with trio.open_nursery() as nursery:
+        site = PrimarySite(tmp_path, nursery)
+        egress = await site.start(1)
+        await site.start(2)
+        await site.wait_dialled(1)
+        site.hub.set_quorate(False)
+        await wait_until(lambda: egress.current_role() == SidecarRole.MINORITY, egress)
+        assert egress.statistics().last_error.startswith("in a minority partition")
+        await trio.sleep(WITHIN_S)  # virtual: an attempt under way ends, and no other starts
+        dialled = len(site.dialled)
+        await trio.sleep(WITHIN_S)
+        assert len(site.dialled) == dialled
+        assert egress.egress is not None
+        assert egress.egress.status.state == "minority"
+        site.hub.set_quorate(None)
+        await wait_until(lambda: egress.current_role() == SidecarRole.EGRESS, egress)
+        await site.wait_dialled(1)
+        assert len(site.dialled) == dialled + 1
+        nursery.cancel_scope.cancel()
