@@ -3,6 +3,8 @@ with a virtual clock (no sockets, no bus)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
@@ -34,6 +36,16 @@ def egress_end(stream: trio.abc.Stream, *, epoch: int = 1) -> LinkEnd:
     return LinkEnd(sender, stream)
 
 
+@asynccontextmanager
+async def connected(ingress: Ingress, *, epoch: int = 1) -> AsyncIterator[LinkEnd]:
+    """An egress end connected to ``ingress`` (nothing sent yet)."""
+    ours, theirs = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ingress.handle, theirs)
+        yield egress_end(ours, epoch=epoch)
+        nursery.cancel_scope.cancel()
+
+
 async def hello(end: LinkEnd) -> link.Welcome:
     await end.stream.send_all(end.machine.start(trio.current_time(), resume_point=0))
     return await end.next_of(link.Welcome)
@@ -45,13 +57,10 @@ async def test_welcome_resumes_after_what_d_applied(
     member = MemberStandIn("site-d")
     member.apply(pc.Replicated("site-p", INCARNATION, 41, 1, 0, (), ()))
     ingress = make_ingress(tmp_path, member)
-    ours, theirs = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(ingress.handle, theirs)
-        welcome = await hello(egress_end(ours))
+    async with connected(ingress) as end:
+        welcome = await hello(end)
         assert welcome.resume_from == 41
         assert ingress.status.state == "up"
-        nursery.cancel_scope.cancel()
 
 
 async def test_acks_only_what_d_applied(
@@ -60,10 +69,7 @@ async def test_acks_only_what_d_applied(
     member = MemberStandIn("site-d")
     member.gate = trio.Event()
     ingress = make_ingress(tmp_path, member)
-    ours, theirs = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(ingress.handle, theirs)
-        end = egress_end(ours)
+    async with connected(ingress) as end:
         await hello(end)
         end.machine.send_event(link.LinkEvent(1, 1_000, replicated(1)))
         end.machine.send_event(link.LinkEvent(2, 2_000, replicated(2)))
@@ -77,23 +83,18 @@ async def test_acks_only_what_d_applied(
         assert acked.seq == 2
         assert member.state.origins["site-p"].applied[INCARNATION] == 2
         assert ingress.ingested == 2
-        nursery.cancel_scope.cancel()
 
 
 async def test_standby_refuses_and_names_itself(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     ingress = make_ingress(tmp_path, MemberStandIn("site-d"), SidecarRole.INGRESS_STANDBY)
-    ours, theirs = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(ingress.handle, theirs)
-        end = egress_end(ours)
+    async with connected(ingress) as end:
         await end.stream.send_all(end.machine.start(trio.current_time()))
         error = await end.next_of(link.PeerError)
         assert error.retriable
         assert error.code == link.LinkErrorCode.NOT_ACTIVE
         assert "ingress-standby" in error.text
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_promoted_site_fences_its_old_primary(
@@ -104,17 +105,13 @@ async def test_a_promoted_site_fences_its_old_primary(
     member.apply(pc.Promote("site-p", 2, 1_700_000_000_000_000))
     ingress = make_ingress(tmp_path, member)
     for epoch in (1, 2):  # below the promotion's epoch, and the promotion's own
-        ours, theirs = trio.testing.memory_stream_pair()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ingress.handle, theirs)
-            end = egress_end(ours, epoch=epoch)
+        async with connected(ingress, epoch=epoch) as end:
             await end.stream.send_all(end.machine.start(trio.current_time()))
             error = await end.next_of(link.PeerError)
             assert error.code == link.LinkErrorCode.STALE_EPOCH
             assert not error.retriable
             assert "was promoted" in error.text
-            nursery.cancel_scope.cancel()
-    assert "site-p" in ingress.status.last_error
+        assert "site-p" in ingress.status.last_error
 
 
 async def test_a_promotion_closes_an_open_link(
@@ -122,10 +119,7 @@ async def test_a_promotion_closes_an_open_link(
 ) -> None:
     member = MemberStandIn("site-d")
     ingress = make_ingress(tmp_path, member)
-    ours, theirs = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(ingress.handle, theirs)
-        end = egress_end(ours)
+    async with connected(ingress) as end:
         await hello(end)
         end.machine.send_event(link.LinkEvent(1, 1_000, replicated(1)))
         assert (await end.next_of(link.Acked)).seq == 1
@@ -147,10 +141,7 @@ async def test_resync_is_applied_at_its_cut_then_acked(
     chunks = rs.chunk_records(records)
     member = MemberStandIn("site-d")
     ingress = make_ingress(tmp_path, member)
-    ours, theirs = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(ingress.handle, theirs)
-        end = egress_end(ours)
+    async with connected(ingress) as end:
         await hello(end)
         total = sum(map(len, chunks))
         end.machine.begin_resync(plan.cut, total_chunks=len(chunks), total_bytes=total)
@@ -166,4 +157,3 @@ async def test_resync_is_applied_at_its_cut_then_acked(
         assert set(member.state.queues) == {"q-full"}  # q-local is not replicated
         assert ingress.status.resync.total == 1
         assert not ingress.status.resync.active
-        nursery.cancel_scope.cancel()
