@@ -9,7 +9,7 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import fields
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +18,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.state.model import COUNTERS
-from cluster.statistics import BusSection, StateTransferSection
 from gateway.metrics import build_registry, render_metrics
-from gateway.statistics import (
-    LinkSection,
-    ResyncSection,
-    RulesSection,
-    SidecarStatistics,
-    SpoolSection,
-    TapStatistics,
-)
+from tests.support.statistics import full_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -105,38 +97,8 @@ def test_scrape_config_covers_both_sites_sidecars_and_brokers() -> None:
 
 
 def exported_names() -> set[str]:
-    """Every sample name gateway.metrics exports for a snapshot with every field."""
-    counted = {f.name: 1 for f in fields(LinkSection) if f.name not in ("state", "peer")}
-    snapshot = SidecarStatistics(
-        site="site-p",
-        node=1,
-        process="sidecar",
-        role="egress",
-        cseq=1,
-        bus=BusSection(view_size=3, quorate=True, members=6),
-        tap=TapStatistics(
-            commands_total={"PUBLISH": 1},
-            forwarded_total={"full": 1},
-            filtered_total={("none", "r"): 1},
-            dropped_total={"size": 1},
-        ),
-        link=LinkSection(state="up", peer="d1:7000", **counted),
-        spool=SpoolSection(
-            bytes=1,
-            max_bytes=2,
-            segments=1,
-            overflow_total=0,
-            needs_resync=False,
-            first_seq=1,
-            last_seq=1,
-        ),
-        merge=dict.fromkeys(COUNTERS, 1),
-        resync=ResyncSection(active=False, total=1, progress_ratio=0.5, bytes_total=1, messages=1),
-        rules=RulesSection(version=1, failed_reloads_total=0, file_problem="", digest="d"),
-        state_transfer=StateTransferSection(count_total=1, seconds_total=0.5),
-        last_error="",
-        dr=None,
-    )
+    """Every metric name a sidecar exports, from a snapshot with every field set."""
+    snapshot = replace(full_snapshot(), merge=dict.fromkeys(COUNTERS, 1))
     text = render_metrics(build_registry(lambda: snapshot, process=False)).decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
