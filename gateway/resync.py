@@ -18,7 +18,7 @@ The ingress buffers the chunks (in memory, bounded by
 :data:`RESYNC_MAX_BYTES`, acking each chunk as buffered: nothing is applied
 yet) and at RESYNC_END multicasts one ``ResyncApply`` command holding the
 whole snapshot.  Every D member applies it at that one point of D's stream
-(``cluster.state.machine._resync_apply``), and the ingress acks the cut once
+(``cluster.state.replica.resync_apply``), and the ingress acks the cut once
 it has come back and ``applied[incarnation]`` reached the cut.  A connection
 lost before that leaves D unchanged; the next connection starts again from
 scratch.

@@ -31,7 +31,6 @@ from typing import Any
 
 from cluster.state.effects import (
     CONDITIONS,
-    Conflict,
     Delivered,
     Dequeued,
     Effect,
@@ -39,27 +38,28 @@ from cluster.state.effects import (
     GenesisApplied,
     IncarnationAccepted,
     Message,
-    Outcome,
     Promoted,
     QueueDeclared,
-    QueueDeleted,
     Reason,
     Refused,
     Released,
-    ReplicatedOutcome,
     Sender,
     Settled,
 )
-from cluster.state.merge import admit, origin_record, read_only_origin, record_applied
+from cluster.state.merge import origin_record, read_only_origin
 from cluster.state.model import (
     Exchange,
     Queue,
-    Replica,
     Session,
     SiteState,
-    describe_args,
     session_owner,
 )
+from cluster.state.queues import (
+    delete_queue,
+    forget_reports,
+    purge_available,
+)
+from cluster.state.replica import replicated, resync_apply
 from protocol.cluster import (
     Accept,
     AcceptIncarnation,
@@ -86,10 +86,8 @@ from protocol.cluster import (
     SessionOpen,
     StateChunk,
     Unbind,
-    iter_snapshot_untrusted,
 )
-from protocol.errors import DrgateError
-from protocol.modes import Mode, check_declare_args
+from protocol.modes import check_declare_args
 
 Effects = list[Effect]
 
@@ -166,33 +164,6 @@ def _read_only_text(queue: str, origin: str, what: str) -> str:
         f"replication is active, so it cannot {what}; to use it here, promote this site "
         f"(drgate promote {origin})"
     )
-
-
-def _forget_reports(state: SiteState, name: str) -> None:
-    for key in [k for k in state.reported if k[1] == name]:
-        del state.reported[key]
-
-
-def _drop_bindings_to(state: SiteState, queue: str) -> None:
-    for ex in state.exchanges.values():
-        for key in [k for k in ex.bindings if k[0] == queue]:
-            del ex.bindings[key]
-
-
-def _delete_queue(state: SiteState, q: Queue, eff: Effects) -> None:
-    del state.queues[q.name]
-    _drop_bindings_to(state, q.name)
-    _forget_reports(state, q.name)
-    # Sessions forget what they held on it.
-    for pos, (sid, _consumer) in q.acquired.items():
-        s = state.sessions.get(sid)
-        if s is not None:
-            held = s.acquired.get(q.name)
-            if held is not None:
-                held.pop(pos, None)
-                if not held:
-                    del s.acquired[q.name]
-    eff.append(QueueDeleted(q.name, q.depth))
 
 
 def _release(
@@ -293,7 +264,7 @@ def _queue_delete(state: SiteState, cmd: QueueDelete, sender: Sender | None, eff
     q = _writable_queue(state, cmd.queue, sender, eff, "delete", "be deleted")
     if q is None:
         return
-    _delete_queue(state, q, eff)
+    delete_queue(state, q, eff)
 
 
 def _exchange_declare(
@@ -342,7 +313,7 @@ def _exchange_delete(
         )
         return
     del state.exchanges[cmd.exchange]
-    _forget_reports(state, cmd.exchange)
+    forget_reports(state, cmd.exchange)
 
 
 def _bind_target(
@@ -567,21 +538,11 @@ def _release_cmd(state: SiteState, cmd: Release, sender: Sender | None, eff: Eff
     _release(state, q, s, cmd.positions, cmd.redelivered, "release", eff)
 
 
-def _purge_available(q: Queue) -> list[int]:
-    acquired = q.acquired
-    gone = [pos for pos in q.messages if pos not in acquired]
-    for pos in gone:
-        msg = q.messages.pop(pos)
-        q.bytes -= len(msg.body)
-    q.rebuild_available()
-    return gone
-
-
 def _purge(state: SiteState, cmd: Purge, sender: Sender | None, eff: Effects) -> None:
     q = _writable_queue(state, cmd.queue, sender, eff, "purge", "be purged")
     if q is None:
         return
-    gone = _purge_available(q)
+    gone = purge_available(q)
     if gone:
         eff.append(Dequeued(q.name, tuple(gone), "purge"))
 
@@ -680,252 +641,6 @@ def _accept_incarnation(
     eff.append(IncarnationAccepted(cmd.origin_cluster, cmd.incarnation))
 
 
-# --------------------------------------------------------------------------
-# Replicated commands: the merge rules
-# --------------------------------------------------------------------------
-
-
-def _replicated(state: SiteState, cmd: Replicated, sender: Sender | None, eff: Effects) -> None:
-    def outcome(o: Outcome) -> None:
-        eff.append(
-            ReplicatedOutcome(cmd.origin_cluster, cmd.incarnation, cmd.origin_cseq, cmd.epoch, o)
-        )
-
-    refusal = admit(state, cmd.origin_cluster, cmd.incarnation, cmd.origin_cseq, cmd.epoch)
-    if refusal is not None:
-        outcome(refusal)
-        return
-    record_applied(
-        state,
-        cmd.origin_cluster,
-        cmd.incarnation,
-        cmd.origin_cseq,
-        cmd.epoch,
-        cmd.origin_time_us,
-    )
-    for mode, inner in zip(cmd.modes, cmd.commands, strict=False):
-        handler = _REMOTE.get(type(inner))
-        if handler is None:
-            state.count("replicated_unsupported")
-            continue
-        handler(state, cmd.origin_cluster, mode, inner, eff)
-    outcome(Outcome.APPLIED)
-
-
-def _replica_of(state: SiteState, origin: str, name: str) -> Queue | None:
-    q = state.queues.get(name)
-    if q is not None and q.replica is not None and q.replica.origin == origin:
-        return q
-    return None
-
-
-def _report_conflict(
-    state: SiteState, origin: str, name: str, local: str, remote: str, what: str, eff: Effects
-) -> None:
-    state.count("r6_conflicts")
-    if (origin, name) in state.reported:
-        return
-    state.reported[(origin, name)] = None
-    eff.append(
-        Conflict(
-            "R6",
-            origin,
-            name,
-            local,
-            remote,
-            f"{what} from site {origin!r} not applied: {name!r} exists here and is not a "
-            f"replica of {origin!r} (here: {local}; {origin!r}: {remote}); rename or delete "
-            "one of them, then resync",
-        )
-    )
-
-
-def _local_queue_text(q: Queue) -> str:
-    kind = f"replica of {q.replica.origin!r}" if q.replica else "local queue"
-    return f"{kind} {describe_args(q.args)} with {q.depth} messages"
-
-
-def _r_queue_declare(
-    state: SiteState, origin: str, mode: Mode, cmd: QueueDeclare, eff: Effects
-) -> None:
-    if mode == Mode.NONE:
-        state.count("replicated_unsupported")
-        return
-    q = state.queues.get(cmd.queue)
-    if q is None:
-        q = state.queues[cmd.queue] = Queue(cmd.queue, cmd.args, Replica(origin, mode))
-        eff.append(QueueDeclared(cmd.queue, True, dict(q.args), mode))
-        return
-    if q.replica is None or q.replica.origin != origin:
-        _report_conflict(
-            state,
-            origin,
-            cmd.queue,
-            _local_queue_text(q),
-            f"queue {describe_args(cmd.args)} replicated as {mode.label}",
-            "queue declare",
-            eff,
-        )
-        return
-    changed = q.replica.mode != mode or dict(cmd.args) != q.args
-    q.replica.mode = mode
-    q.args = dict(cmd.args)
-    q.set_limits()
-    if changed:
-        eff.append(QueueDeclared(cmd.queue, False, dict(q.args), mode))
-
-
-def _r_queue_delete(
-    state: SiteState, origin: str, mode: Mode, cmd: QueueDelete, eff: Effects
-) -> None:
-    q = state.queues.get(cmd.queue)
-    if q is None:
-        state.count("replicated_missing_queue")
-        return
-    if q.replica is None or q.replica.origin != origin:
-        _report_conflict(
-            state, origin, cmd.queue, _local_queue_text(q), "queue deleted", "queue delete", eff
-        )
-        return
-    _delete_queue(state, q, eff)
-
-
-def _r_exchange_declare(
-    state: SiteState, origin: str, mode: Mode, cmd: ExchangeDeclare, eff: Effects
-) -> None:
-    ex = state.exchanges.get(cmd.exchange)
-    if ex is None:
-        state.exchanges[cmd.exchange] = Exchange(
-            cmd.exchange, cmd.type, cmd.args, replica_origin=origin
-        )
-        return
-    if ex.type == cmd.type and (ex.replica_origin == origin or ex.args == dict(cmd.args)):
-        # Same origin, or an identical definition (the predeclared exchanges,
-        # or the same exchange declared on both sites): nothing to merge.
-        if ex.replica_origin == origin:
-            ex.args = dict(cmd.args)
-        return
-    _report_conflict(
-        state,
-        origin,
-        cmd.exchange,
-        f"exchange type {ex.type.name.lower()} {describe_args(ex.args)}"
-        + (f" replicated from {ex.replica_origin!r}" if ex.replica_origin else ""),
-        f"exchange type {cmd.type.name.lower()} {describe_args(cmd.args)}",
-        "exchange declare",
-        eff,
-    )
-
-
-def _r_exchange_delete(
-    state: SiteState, origin: str, mode: Mode, cmd: ExchangeDelete, eff: Effects
-) -> None:
-    ex = state.exchanges.get(cmd.exchange)
-    if ex is None:
-        state.count("replicated_missing_queue")
-        return
-    if ex.replica_origin != origin or ex.predeclared:
-        _report_conflict(
-            state,
-            origin,
-            cmd.exchange,
-            f"exchange type {ex.type.name.lower()} {describe_args(ex.args)}",
-            "exchange deleted",
-            "exchange delete",
-            eff,
-        )
-        return
-    del state.exchanges[cmd.exchange]
-
-
-def _r_bind(state: SiteState, origin: str, mode: Mode, cmd: Bind, eff: Effects) -> None:
-    ex = state.exchanges.get(cmd.exchange)
-    if ex is None or cmd.exchange == "" or _replica_of(state, origin, cmd.queue) is None:
-        state.count("replicated_missing_queue")
-        return
-    ex.bindings[(cmd.queue, cmd.binding_key)] = dict(cmd.args)
-
-
-def _r_unbind(state: SiteState, origin: str, mode: Mode, cmd: Unbind, eff: Effects) -> None:
-    ex = state.exchanges.get(cmd.exchange)
-    if ex is None or _replica_of(state, origin, cmd.queue) is None:
-        state.count("replicated_missing_queue")
-        return
-    ex.bindings.pop((cmd.queue, cmd.binding_key), None)
-
-
-def _r_enqueue(state: SiteState, origin: str, mode: Mode, cmd: Enqueue, eff: Effects) -> None:
-    q = _replica_of(state, origin, cmd.queue)
-    if q is None:
-        state.count("replicated_missing_queue")
-        return
-    assert q.replica is not None
-    r = q.replica
-    if r.mode in (Mode.WIRING, Mode.NONE):
-        state.count("replicated_unsupported")
-        return
-    if cmd.pos <= r.high_pos:
-        # Already received (a resync overlapping the stream): keep order.
-        state.count("replicated_stale_enqueues")
-        return
-    r.high_pos = cmd.pos
-    if (q.max_count is not None and q.depth >= q.max_count) or (
-        q.max_size is not None and q.bytes + len(cmd.body) > q.max_size
-    ):
-        # The origin accepted it: limits bind local publishers only.
-        state.count("replicated_over_limit")
-    props = dict(cmd.properties) if cmd.properties else None
-    # R4 vs mirror: a full replica keeps the origin's positions, an enqueue
-    # queue appends at its own tail with a local pos.
-    pos = cmd.pos if r.mode == Mode.FULL else q.next_pos
-    q.append(Message(pos, bytes(cmd.body), cmd.message_id, props, cmd.redelivered, cmd.pos))
-    eff.append(Enqueued(q.name, pos, cmd.pos))
-
-
-def _r_dequeue(state: SiteState, origin: str, mode: Mode, cmd: Dequeue, eff: Effects) -> None:
-    q = _replica_of(state, origin, cmd.queue)
-    if q is None:
-        state.count("replicated_missing_queue")
-        return
-    assert q.replica is not None
-    if q.replica.mode != Mode.FULL:
-        # R4: an enqueue queue's messages belong to this site's consumers.
-        state.count("r4_dequeues_ignored", len(cmd.positions))
-        return
-    done: list[int] = []
-    for pos in cmd.positions:
-        if pos not in q.messages:
-            state.count("r5_conflicts")  # R5: a message this site does not hold
-            continue
-        holder = q.acquired.get(pos)
-        if holder is not None:
-            s = state.sessions.get(holder[0])
-            if s is not None:
-                held = s.acquired.get(q.name)
-                if held is not None:
-                    held.pop(pos, None)
-                    if not held:
-                        del s.acquired[q.name]
-        q.remove(pos)
-        done.append(pos)
-    if done:
-        eff.append(Dequeued(q.name, tuple(done), "dequeue"))
-
-
-def _r_purge(state: SiteState, origin: str, mode: Mode, cmd: Purge, eff: Effects) -> None:
-    q = _replica_of(state, origin, cmd.queue)
-    if q is None:
-        state.count("replicated_missing_queue")
-        return
-    assert q.replica is not None
-    if q.replica.mode != Mode.FULL:
-        state.count("r4_dequeues_ignored")
-        return
-    gone = _purge_available(q)
-    if gone:
-        eff.append(Dequeued(q.name, tuple(gone), "purge"))
-
-
 _LOCAL: dict[type, Callable[[SiteState, Any, Sender | None, Effects], None]] = {
     QueueDeclare: _queue_declare,
     QueueDelete: _queue_delete,
@@ -942,7 +657,8 @@ _LOCAL: dict[type, Callable[[SiteState, Any, Sender | None, Effects], None]] = {
     SessionClose: _session_close,
     StateChunk: _state_chunk,
     RulesSwitch: _rules_switch,
-    Replicated: _replicated,
+    Replicated: replicated,
+    ResyncApply: resync_apply,
     Enqueue: _bare_replica_command,
     Dequeue: _bare_replica_command,
     Promote: _promote,
@@ -952,101 +668,3 @@ _LOCAL: dict[type, Callable[[SiteState, Any, Sender | None, Effects], None]] = {
     Genesis: _genesis,
 }
 """Every command kind, applied as a command of this site."""
-
-_REMOTE: dict[type, Callable[[SiteState, str, Mode, Any, Effects], None]] = {
-    QueueDeclare: _r_queue_declare,
-    QueueDelete: _r_queue_delete,
-    ExchangeDeclare: _r_exchange_declare,
-    ExchangeDelete: _r_exchange_delete,
-    Bind: _r_bind,
-    Unbind: _r_unbind,
-    Enqueue: _r_enqueue,
-    Dequeue: _r_dequeue,
-    Purge: _r_purge,
-}
-"""The inner commands a ``Replicated`` command may carry; any other kind is
-skipped and counted as ``replicated_unsupported``."""
-
-
-# --------------------------------------------------------------------------
-# Resync: a snapshot of an origin's replicated queues, applied at one point
-# --------------------------------------------------------------------------
-
-
-def _resync_apply(state: SiteState, cmd: ResyncApply, sender: Sender | None, eff: Effects) -> None:
-    """Replace what this site holds of ``cmd.origin_cluster`` by its snapshot.
-
-    Checked like a ``Replicated`` command first (own origin, R7 fencing, the
-    accepted incarnation, R1 by the cut), and the snapshot is decoded whole
-    before anything changes, so a bad snapshot changes nothing.  Then:
-    replicas of the origin absent from the snapshot are deleted; ``full``
-    replicas (and a queue changing to ``full``) are deleted and re-created
-    with the origin's messages and positions; ``enqueue`` and ``wiring``
-    replicas are kept and their bindings replaced; ``enqueue`` queues take
-    only messages above their ``high_pos`` mark (so nothing this site's
-    consumers took comes back), the mark starting again from 0 when the
-    incarnation is new to this site.  ``applied[incarnation]`` becomes the cut.
-    """
-
-    def outcome(o: Outcome) -> None:
-        eff.append(ReplicatedOutcome(cmd.origin_cluster, cmd.incarnation, cmd.cut, cmd.epoch, o))
-
-    origin = cmd.origin_cluster
-    refusal = admit(state, origin, cmd.incarnation, cmd.cut, cmd.epoch)
-    if refusal is not None:
-        outcome(refusal)
-        return
-    o = state.origins[origin]
-    try:
-        records = list(iter_snapshot_untrusted(cmd.snapshot))
-    except DrgateError:
-        state.count("ignored")
-        return
-    new_incarnation = cmd.incarnation not in o.applied
-    # The snapshot, in its order: exchanges, then per queue its declare,
-    # bindings and messages.
-    exchanges: dict[str, ExchangeDeclare] = {}
-    declares: dict[str, tuple[Mode, QueueDeclare]] = {}
-    rest: list[tuple[Mode, Command]] = []
-    for record in records:
-        for mode, inner in zip(record.modes, record.commands, strict=False):
-            if isinstance(inner, ExchangeDeclare):
-                exchanges[inner.exchange] = inner
-            elif isinstance(inner, QueueDeclare):
-                declares[inner.queue] = (mode, inner)
-            elif isinstance(inner, Bind | Enqueue):
-                rest.append((mode, inner))
-            else:
-                state.count("replicated_unsupported")
-    for name in [
-        n
-        for n, x in state.exchanges.items()
-        if x.replica_origin == origin and not x.predeclared and n not in exchanges
-    ]:
-        del state.exchanges[name]
-    for x in exchanges.values():
-        _r_exchange_declare(state, origin, Mode.WIRING, x, eff)
-    for q in [q for q in state.queues.values() if q.replica is not None]:
-        assert q.replica is not None
-        if q.replica.origin != origin:
-            continue
-        wanted = declares.get(q.name)
-        if wanted is None or wanted[0] == Mode.FULL or q.replica.mode == Mode.FULL:
-            _delete_queue(state, q, eff)
-        else:
-            _drop_bindings_to(state, q.name)
-            if new_incarnation:
-                q.replica.high_pos = 0
-    for mode, declare in declares.values():
-        _r_queue_declare(state, origin, mode, declare, eff)
-    for mode, inner in rest:
-        if isinstance(inner, Bind):
-            _r_bind(state, origin, mode, inner, eff)
-        else:
-            assert isinstance(inner, Enqueue)
-            _r_enqueue(state, origin, mode, inner, eff)
-    record_applied(state, origin, cmd.incarnation, cmd.cut, cmd.epoch, cmd.origin_time_us)
-    outcome(Outcome.APPLIED)
-
-
-_LOCAL[ResyncApply] = _resync_apply

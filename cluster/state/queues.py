@@ -1,0 +1,45 @@
+"""Removing a queue, its bindings or its available messages: what this
+site's own commands and replicated ones share (pure, like the rest of
+:mod:`cluster.state`)."""
+
+from __future__ import annotations
+
+from cluster.state.effects import Effect, QueueDeleted
+from cluster.state.model import Queue, SiteState
+
+
+def forget_reports(state: SiteState, name: str) -> None:
+    for key in [k for k in state.reported if k[1] == name]:
+        del state.reported[key]
+
+
+def drop_bindings_to(state: SiteState, queue: str) -> None:
+    for ex in state.exchanges.values():
+        for key in [k for k in ex.bindings if k[0] == queue]:
+            del ex.bindings[key]
+
+
+def delete_queue(state: SiteState, q: Queue, eff: list[Effect]) -> None:
+    del state.queues[q.name]
+    drop_bindings_to(state, q.name)
+    forget_reports(state, q.name)
+    # Sessions forget what they held on it.
+    for pos, (sid, _consumer) in q.acquired.items():
+        s = state.sessions.get(sid)
+        if s is not None:
+            held = s.acquired.get(q.name)
+            if held is not None:
+                held.pop(pos, None)
+                if not held:
+                    del s.acquired[q.name]
+    eff.append(QueueDeleted(q.name, q.depth))
+
+
+def purge_available(q: Queue) -> list[int]:
+    acquired = q.acquired
+    gone = [pos for pos in q.messages if pos not in acquired]
+    for pos in gone:
+        msg = q.messages.pop(pos)
+        q.bytes -= len(msg.body)
+    q.rebuild_available()
+    return gone
