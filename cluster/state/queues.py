@@ -25,13 +25,7 @@ def delete_queue(state: SiteState, q: Queue, eff: list[Effect]) -> None:
     forget_reports(state, q.name)
     # Sessions forget what they held on it.
     for pos, (sid, _consumer) in q.acquired.items():
-        s = state.sessions.get(sid)
-        if s is not None:
-            held = s.acquired.get(q.name)
-            if held is not None:
-                held.pop(pos, None)
-                if not held:
-                    del s.acquired[q.name]
+        forget_hold(state, sid, q.name, pos)
     eff.append(QueueDeleted(q.name, q.depth))
 
 
@@ -43,3 +37,15 @@ def purge_available(q: Queue) -> list[int]:
         q.bytes -= len(msg.body)
     q.rebuild_available()
     return gone
+
+
+def forget_hold(state: SiteState, sid: int, queue: str, pos: int) -> None:
+    """Session ``sid`` no longer holds message ``pos`` of ``queue`` (it is gone)."""
+    s = state.sessions.get(sid)
+    if s is None:
+        return
+    held = s.acquired.get(queue)
+    if held is not None:
+        held.pop(pos, None)
+        if not held:
+            del s.acquired[queue]

@@ -30,7 +30,7 @@ from cluster.state.model import (
     SiteState,
     describe_args,
 )
-from cluster.state.queues import delete_queue, drop_bindings_to, purge_available
+from cluster.state.queues import delete_queue, drop_bindings_to, forget_hold, purge_available
 from protocol.cluster import (
     Bind,
     Command,
@@ -271,13 +271,7 @@ def _r_dequeue(state: SiteState, origin: str, mode: Mode, cmd: Dequeue, eff: Eff
             continue
         holder = q.acquired.get(pos)
         if holder is not None:
-            s = state.sessions.get(holder[0])
-            if s is not None:
-                held = s.acquired.get(q.name)
-                if held is not None:
-                    held.pop(pos, None)
-                    if not held:
-                        del s.acquired[q.name]
+            forget_hold(state, holder[0], q.name, pos)
         q.remove(pos)
         done.append(pos)
     if done:
