@@ -16,10 +16,38 @@ Prints, for 200-byte events, with fsync ``never`` and ``batch``:
 * one ``trio.to_thread.run_sync`` round trip of a no-op, the floor of what
   moving any of these calls off the trio thread would add per call.
 
+``--rss GIB`` instead fills a spool of GIB gibibytes with small events (100 B
+payloads) and prints the process's resident memory: holding the spool open
+(its index), answering ``Spool.lag`` (how the egress computes its lag), and,
+for comparison, a ``(seq, time_us)`` pair per unacked event kept in a deque
+(how the egress kept its lag before), in a fresh process.  Measured:
+
+    spool of 1 GiB, 8.1 M events of 100 B   imports 31 MB; open + lag 65 MB; + pairs 1,096 MB
+    spool of 0.25 GiB, 2 M events           imports 31 MB; open + lag 47 MB; + pairs   298 MB
+
+Of the 34 MB the open adds, Python holds 2 MB (the sparse index: three ints
+per 64 KiB); the rest is what the allocator keeps of the scan's 16 MiB
+segment buffers.
+
 The spool lives in a temporary directory (``--dir`` to put it on the disk the
 sidecar would use: the fdatasync figures are the disk's, not the code's).
 
     .venv/bin/python bench/spool_bench.py [--events 200000] [--dir /var/tmp]
+
+The stalls the spool's calls cost the trio thread (gateway/spool.py runs them
+there), ext4 on a virtual disk, 200-byte events; p50 / p99 with the disk to
+itself, then with other processes' tests loading it:
+
+    append_many fsync=batch, 1 to 100 events  0.11-0.3 / 0.3-1.8 ms; loaded 0.7-1 / 9 ms
+                             1000 events      1 / 2-3.5 ms;          loaded 1.9 / 11 ms
+    append_many fsync=never, 100 events       70 / 105-280 µs
+    trim (rewrites spool.state), batch        0.4-0.9 / 0.8-1.3 ms;  loaded 2-3 / 12-15 ms
+    read_after, p50: 100 newest events        80 µs; a 1 MiB replay page 2.5 ms
+    open: the scan, per 45 MB spooled         120-150 ms
+    trio.to_thread.run_sync(no-op)            43-66 µs / 0.1-1.2 ms
+
+A hop costs a third to a half of a small batch's fdatasync and would free the
+loop only for the rest.
 """
 
 from __future__ import annotations
@@ -27,8 +55,11 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,9 +92,9 @@ def spool_in(
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def events(first: int, n: int) -> list[tuple[int, int, bytes]]:
-    payload = b"p" * PAYLOAD
-    return [(seq, seq * 10, payload) for seq in range(first, first + n)]
+def events(first: int, n: int, payload_bytes: int = PAYLOAD) -> list[tuple[int, int, bytes, int]]:
+    payload = b"p" * payload_bytes
+    return [(seq, seq * 10, payload, seq - 1) for seq in range(first, first + n)]
 
 
 def percentiles(samples_s: list[float]) -> str:
@@ -159,6 +190,39 @@ def open_cost(n_events: int, base: Path) -> None:
     print(f"Spool.open (recovery scan) of {mb:.0f} MB   {took * 1e3:>8.0f} ms")
 
 
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def rss(gib: float, base: Path) -> None:
+    """Resident memory of a process that opens a spool of ``gib`` GiB of small events."""
+    target, batch, first = int(gib * (1 << 30)), 10_000, 1
+    with spool_in(base, FsyncPolicy.NEVER) as s:
+        while s.statistics().bytes < target:
+            s.append_many(events(first, batch, payload_bytes=100))
+            first += batch
+        s.close()
+        # A fresh process, so that what filling the spool allocated does not count.
+        subprocess.run([sys.executable, __file__, "--rss-of", str(s.directory)], check=True)
+
+
+def rss_of(directory: Path) -> None:
+    print(f"imports only: RSS {rss_mb():,.0f} MB")
+    with Spool.open(directory, max_bytes=4 << 30, segment_bytes=SEGMENT_BYTES) as s:
+        n, oldest = s.lag(0)
+        st = s.statistics()
+        print(
+            f"spool of {st.bytes / (1 << 30):.2f} GiB, {st.records:,} events open, lag "
+            f"{n:,} events since {oldest}: RSS {rss_mb():,.0f} MB"
+        )
+        unacked = deque((seq, seq * 10) for seq in range(1, n + 1))
+        print(f"plus a (seq, time_us) per unacked event, as before: RSS {rss_mb():,.0f} MB")
+        del unacked
+
+
 def thread_hop() -> None:
     async def hops() -> list[float]:
         samples = []
@@ -175,8 +239,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--dir", type=Path, default=None, help="where to make the spool")
+    parser.add_argument("--rss", type=float, metavar="GIB", help="only the memory of a full spool")
+    parser.add_argument("--rss-of", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     base = args.dir or Path(tempfile.gettempdir())
+    if args.rss_of:
+        rss_of(args.rss_of)
+        return
+    if args.rss:
+        rss(args.rss, base)
+        return
     print(f"{args.events:,} events of {PAYLOAD} B in batches of {BATCH}, spool under {base}")
     for policy in (FsyncPolicy.NEVER, FsyncPolicy.BATCH):
         throughput(policy, args.events, base)

@@ -30,8 +30,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,7 +44,7 @@ from gateway.linkstatus import LinkStatus
 from gateway.roles import RoleSignal, SidecarRole
 from gateway.spool import Spool
 from gateway.statistics import LinkSection, egress_link_section
-from gateway.tap import ReplEvent, Tap
+from gateway.tap import Tap
 from protocol import cluster as pc
 from protocol import link
 from protocol.errors import DrgateError, LinkError
@@ -91,32 +90,6 @@ def link_error_in(exc: BaseException) -> LinkError | None:
     return None
 
 
-class UnackedEvents:
-    """(seq, origin time) of the events spooled and not yet acked by D: the lag.
-    Bounded by the spool: an overflow drops its oldest entries too."""
-
-    def __init__(self) -> None:
-        self._events: deque[tuple[int, int]] = deque()
-
-    def spooled(self, events: Iterable[ReplEvent], floor: int) -> None:
-        self._events.extend((e.seq, e.time_us) for e in events)
-        while len(self._events) > 1 and floor >= self._events[0][0]:
-            self._events.popleft()
-
-    def acked(self, seq: int) -> None:
-        while self._events and self._events[0][0] <= seq:
-            self._events.popleft()
-
-    def clear(self) -> None:
-        self._events.clear()
-
-    def lag(self, now_s: float) -> tuple[int, float]:
-        """Events not acked, and the age of the oldest in seconds."""
-        if not self._events:
-            return 0, 0.0
-        return len(self._events), max(0.0, now_s - self._events[0][1] / 1e6)
-
-
 @dataclass(slots=True)
 class _Session:
     """One link connection's progress."""
@@ -152,7 +125,6 @@ class Egress:
         self._connect = connect
         self.capture = capture
         self.status = LinkStatus()
-        self.unacked = UnackedEvents()
         self.acked_seq = 0
         self._refusal = ""  # the last non-retriable refusal by D, until a WELCOME
         self._sender_stats: link.SenderStatistics | None = None
@@ -287,7 +259,8 @@ class Egress:
         if not session.welcomed or session.sender.window_full:
             return
         spool = self._spool_now()
-        for seq, time_us, payload in spool.read_after(session.last_queued, REPLAY_BYTES):
+        for seq, time_us, payload, _prev_seq in spool.read_after(session.last_queued, REPLAY_BYTES):
+            # TODO(link prev_seq): LinkEvent(seq, time_us, payload, prev_seq=_prev_seq) on merge.
             session.sender.send_event(link.LinkEvent(seq, time_us, payload))
             if self.capture is not None:
                 self.capture.forwarded(session.sender, seq, payload)
@@ -335,7 +308,6 @@ class Egress:
                 log.info("egress: resync cut at %d applied by D", ev.seq)
         self.acked_seq = ev.seq
         self._spool_now().trim(ev.seq)
-        self.unacked.acked(ev.seq)
         self._announce_watermark()
 
     async def _send_resync(self, session: _Session, resume: int) -> int:
@@ -387,11 +359,20 @@ class Egress:
             reconnects_total=self.status.reconnects,
             rtt_seconds=self.status.rtt,
             acked_seq=self.acked_seq,
-            lag=self.unacked.lag(time.time()),
+            lag=lag(spool, self.acked_seq, time.time()),
             spool=None if spool is None else spool.statistics(),
             sender=self._sender_stats,
             ended=self.status.ended,
         )
+
+
+def lag(spool: Spool | None, acked_seq: int, now_s: float) -> tuple[int, float]:
+    """Events spooled and not acked by D, and the age of the oldest in seconds
+    (its origin time to ``now_s``): from the spool's index, so bounded memory."""
+    events, oldest_us = (0, None) if spool is None else spool.lag(acked_seq)
+    if oldest_us is None:
+        return 0, 0.0
+    return events, max(0.0, now_s - oldest_us / 1e6)
 
 
 def _now_us() -> int:

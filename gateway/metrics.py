@@ -160,6 +160,9 @@ _SPOOL_ROWS: tuple[_Row[SpoolSection], ...] = (
          lambda s: s.last_seq),
     _Row("gauge", "drgate_resync_needed",
          "1 when D is behind the spool's floor and needs a resync", lambda s: s.needs_resync),
+    _Row("counter", "drgate_spool_write_errors_total",
+         "Spool writes the disk failed (full, I/O error); their events cost D a resync",
+         lambda s: s.write_errors_total),
 )  # fmt: skip
 
 _RESYNC_ROWS: tuple[_Row[ResyncSection], ...] = (
@@ -485,6 +488,7 @@ def status_document(
             "segments": spool.segments if spool else None,
             "overflow_total": spool.overflow_total if spool else None,
             "needs_resync": spool.needs_resync if spool else None,
+            "write_errors_total": spool.write_errors_total if spool else None,
         },
         "rules_version": rules.version if rules else None,
         "rules_digest": rules.digest if rules else None,

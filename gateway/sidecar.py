@@ -172,8 +172,6 @@ class Sidecar(NullObserver):
         if isinstance(cmd, pc.AckWatermark) and self.spool is not None and not own:
             if cmd.origin_cluster == self.config.site:
                 self.spool.trim(cmd.cseq)
-                assert self.egress is not None
-                self.egress.unacked.acked(cmd.cseq)
             return
         event = self.tap.on_command(self.state, cmd, effects, int(time.time() * 1e6))
         if self.capture is not None:
@@ -186,8 +184,8 @@ class Sidecar(NullObserver):
         if not self._events:
             return
         if self.spool is not None and self.egress is not None:
-            self.spool.append_many((e.seq, e.time_us, e.payload) for e in self._events)
-            self.egress.unacked.spooled(self._events, self.spool.floor)
+            # Never raises for a failing disk: the spool raises its floor instead.
+            self.spool.append_many((e.seq, e.time_us, e.payload, e.prev_seq) for e in self._events)
             self.egress.wake()
         self._events.clear()
 
@@ -202,8 +200,6 @@ class Sidecar(NullObserver):
             for path in directory.iterdir():
                 if path.is_file():
                     path.unlink()
-        if self.egress is not None:
-            self.egress.unacked.clear()
         self._events.clear()
         self._roles_may_have_changed()
 
@@ -236,13 +232,16 @@ class Sidecar(NullObserver):
         )
 
     def _open_spool(self) -> Spool:
-        """The spool, holding every event above the current cseq."""
+        """The spool, holding every event above the current cseq (the join
+        point: what it held below is kept, what lies between is a resync for
+        D); one of another incarnation is set aside."""
         return Spool.open(
             self.config.spool_dir,
             max_bytes=self.config.spool_max_bytes,
             # A small spool gets small segments, so an overflow drops little.
             segment_bytes=min(DEFAULT_SEGMENT_BYTES, self.config.spool_max_bytes // 8),
             fsync=self.config.fsync,
+            incarnation=self.state.incarnation,
             start_after=self.state.cseq,
         )
 

@@ -2,84 +2,88 @@
 
 Theory of operation
 -------------------
-An append-only log of events ``(seq, time_us, payload)``, split into segment
-files in one directory (gateway/spoolfile.py: format, scan, read, recovery).
-Seqs strictly increase and may have gaps (filtered commands make no event).
+An append-only log of events ``(seq, time_us, payload, prev_seq)``, split into
+segment files in one directory (gateway/spoolfile.py: format, scan, read;
+gateway/spoolsegments.py: the files as one log; gateway/spoolstate.py: the
+state file and the directory's provenance).  Seqs
+strictly increase and may have gaps (filtered commands make no event);
+``prev_seq`` is the seq of the event forwarded before (the tap's), so the
+records say where the stream is whole.
 
-*Writing.*  :meth:`Spool.append_many` encodes a batch into one buffer and
-writes it with as few ``write`` calls as segments it touches, rolling a
-segment when the next record would take it past ``segment_bytes``; the
-:class:`FsyncPolicy` says when the data is forced to disk.
+*The floor.*  Every event with a seq above ``floor`` is in the spool, up to
+the last one appended: the spool holds ``(floor, held_upto]`` without a gap.
+The floor rises with :meth:`trim`, an overflow, a failed write, a gap (a
+record whose ``prev_seq`` is above what the spool holds) and a join point
+above what the spool holds; each rise is persisted (``spool.state``) before
+anything depends on it.  When D's resume point is below the floor,
+:meth:`Spool.needs_resync` says the spool cannot replay what D misses: a
+resync, never silence.
+
+*Provenance.*  :meth:`Spool.open` takes the site's ``incarnation`` and the
+join point (``start_after``, the cseq the sidecar's state was cut at).  A
+directory of another incarnation, of another format, or holding events above
+the join point (another history) is set aside, never replayed, and a new
+spool begins at the join point; an existing spool opened with a join point
+above its floor raises its floor to it (the events in between went by while
+this sidecar was down).
+
+*Writing.*  :meth:`Spool.append_many` encodes a batch and writes it with as
+few ``write`` calls as segments it touches, rolling a segment when the next
+record would take it past ``segment_bytes``; the :class:`FsyncPolicy` says
+when the data is forced to disk.  The in-memory index changes only after a
+write succeeded.  A write that fails for the disk (full, quota, file size,
+I/O error) never raises: the partial record is cut off, the floor rises to
+the last seq of the batch, the failure is counted (``write_errors``) and
+logged once per outage, and the sidecar goes on; D resyncs if it needs those
+events.
 
 *Trimming.*  :meth:`Spool.trim` moves the ack watermark: every segment whose
 last seq is at or below it is deleted whole; records at or below it in the
 head segment stay on disk but are never read again.
 
-*The floor.*  Every event with a seq above ``floor`` is in the spool (or was
-never produced).  The floor starts at ``start_after`` for a new directory and
-rises with :meth:`trim` and with an overflow.  When D's resume point is below
-it, :meth:`Spool.needs_resync` says the spool cannot replay what D misses.
-
 *Overflow.*  The spool is bounded by ``max_bytes`` and never blocks the
 producer: a write that would pass the bound first deletes the OLDEST segments
 (never the active one), raises the floor to the last seq they held, sets
-``overflowed`` and counts it.  The floor and the overflow record are persisted
-(``spool.state``, write-and-rename) *before* the segments are deleted, so a
-crash cannot forget that D needs a resync.  The spool is never larger than
-``max_bytes`` plus one segment.
+``overflowed`` and counts it; the floor is persisted before the segments are
+deleted.  The spool is never larger than ``max_bytes`` plus one segment.
 
 *Reading.*  :meth:`Spool.read_after` bisects the segments by last seq, then
-reads from the nearest sparse index entry of the first one.
+reads from the nearest sparse index entry of the first one.  :meth:`Spool.lag`
+counts the unacked records from the per-segment counts and the index, so
+memory does not grow with the backlog.
 
 *Recovery.*  :meth:`Spool.open` scans every segment (every CRC), truncating
-a torn tail.  A torn segment that is not the last one (``fsync=never`` and a
-machine crash) may have lost events up to the next segment: the floor rises
-past them, as for an overflow.  Corruption raises :class:`SpoolCorruptError`.
+a torn tail and following the ``prev_seq`` chain: a gap (a torn segment that
+is not the last, after ``fsync=never`` and a machine crash) raises the floor
+past it.  Corruption raises :class:`SpoolCorruptError`.
 
-*Where it runs.*  Everything is synchronous file I/O on the caller's thread,
-and the sidecar calls it all on the trio thread: ``append_many`` in the
-applier's after-frame hook (synchronously, in stream order), ``trim`` on D's
-acks and the ack watermark, ``read_after`` in the egress loop, ``open`` at
-start (after a rejoin the directory is empty).  One thread owning the spool
-keeps its invariants without locks: the in-memory index, updated as a batch
-is encoded, is never seen ahead of the write that follows in the same call
-(a failed write raises out of it); the egress reads only written events, so D
-cannot ack past one in flight; and a slow disk slows the applier instead of
-filling a queue that would have to drop events (the applier hook cannot
-wait).  The price is an event-loop stall per call, measured by
-bench/spool_bench.py (ext4 on a virtual disk, 200-byte events; p50 / p99 with
-the disk to itself, then with other processes' tests loading it):
-
-    append_many fsync=batch, 1 to 100 events  0.11-0.3 / 0.3-1.8 ms; loaded 0.7-1 / 9 ms
-                             1000 events      1 / 2-3.5 ms;          loaded 1.9 / 11 ms
-    append_many fsync=never, 100 events       70 / 105-280 µs
-    trim (rewrites spool.state), batch        0.4-0.9 / 0.8-1.3 ms;  loaded 2-3 / 12-15 ms
-    read_after, p50: 100 newest events        80 µs; a 1 MiB replay page 2.5 ms
-    open: the scan, per 45 MB spooled         120-150 ms
-    trio.to_thread.run_sync(no-op)            43-66 µs / 0.1-1.2 ms
-
-A hop costs a third to a half of a small batch's fdatasync and would free the
-loop only for the rest; even the loaded worst cases (tens of ms) are far
-below the link's ping (5 s) and heartbeat timeout (15 s).  The way out, if
-they ever matter, is a writer task that owns the spool and takes appends and
-trims in stream order through a channel (group-committing what queued up).
-:meth:`Spool.statistics`, :attr:`Spool.floor` and
-:meth:`Spool.needs_resync` touch only memory.  Not thread-safe: one call at
-a time.
+*Where it runs.*  Everything is synchronous file I/O on the trio thread, in
+the callers' order: ``append_many`` in the applier's after-frame hook,
+``trim`` on D's acks and the ack watermark, ``read_after`` in the egress
+loop, ``open`` at start and after a rejoin.  One thread owning the spool
+keeps its invariants without locks, the egress reads only written events (D
+cannot ack past one in flight), and a slow disk slows the applier instead of
+filling a queue that would have to drop events.  The stalls this costs are
+milliseconds (bench/spool_bench.py lists them), far below the link's ping
+(5 s); the way out, if they ever matter, is a writer task that owns the
+spool.  The properties and :meth:`Spool.statistics` touch only memory.  Not
+thread-safe: one call at a time.
 """
 
 from __future__ import annotations
 
-import bisect
+import errno
 import logging
 import os
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Final
 
 from gateway import spoolfile as sf
-from gateway.spoolfile import Event, FsyncPolicy, Segment, SpoolCorruptError, SpoolError, Watermarks
+from gateway import spoolstate as ss
+from gateway.spoolfile import Event, FsyncPolicy, SpoolCorruptError, SpoolError
+from gateway.spoolsegments import SegmentSet
+from gateway.spoolstate import SpoolStatistics, Watermarks
 
 __all__ = [
     "DEFAULT_FSYNC",
@@ -108,30 +112,9 @@ DEFAULT_MAX_BYTES: Final = 1 << 30
 # 16 MiB: overflow and trim work by whole segments, so this is their grain
 # (1.6 % of the default bound); the scan at start reads one at a time.
 DEFAULT_SEGMENT_BYTES: Final = 16 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class SpoolStatistics:
-    """A snapshot for metrics and ``/status``."""
-
-    bytes: int  # on disk, all segments
-    segments: int
-    records: int  # on disk, including acked ones not yet trimmed away
-    first_seq: int | None  # first record on disk
-    last_seq: int | None  # last record appended
-    floor: int  # every event above it is in the spool
-    trimmed_upto: int  # ack watermark
-    overflowed: bool  # events D had not applied were dropped; D needs a resync
-    needs_resync: bool  # the same, from the spool's point of view (D at its last ack)
-    overflow_count: int  # segments dropped because the spool was full (ever)
-    overflow_events: int  # events dropped with them (ever, unacked ones only)
-    first_lost_seq: int | None  # lowest seq that may have been lost in the current overflow
-    lost_upto: int | None  # highest seq lost
-    appended: int  # events appended since open
-    skipped_acked: int  # appended events at or below the watermark, not stored
-    fsyncs: int  # fdatasync calls since open
-    max_bytes: int
-    fsync: str
+# Failures of the disk, not of the code: a write that fails with one of these
+# costs D a resync, never the sidecar's life.
+DISK_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
 
 
 class Spool:
@@ -146,18 +129,19 @@ class Spool:
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self.fsync = fsync
-        self._segments: list[Segment] = []
-        self._last_seqs: list[int] = []  # mirror of segment.last_seq, for bisect
-        self._fd: int | None = None  # the active (last) segment, open for append
-        self._dir_fd: int | None = None
+        self._log: SegmentSet | None = None
         self._lock_fd: int | None = None
-        self._bytes = 0
         self._marks = Watermarks(floor=0, trimmed_upto=0)  # persisted in spool.state
-        self._last_seq: int | None = None
-        self._appended = 0
         self._skipped = 0
-        self._fsyncs = 0
-        self._dirty = False  # written since the last fsync of the active segment
+        self._batch_last: int | None = None  # last seq taken from the batch being appended
+        self._write_errors = 0
+        self._failing = False  # in a disk outage (logged once)
+        self._state_unsaved = False  # the marks changed and could not be persisted
+
+    @property
+    def _segs(self) -> SegmentSet:
+        assert self._log is not None, "the spool is closed"
+        return self._log
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -169,14 +153,18 @@ class Spool:
         max_bytes: int = DEFAULT_MAX_BYTES,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         fsync: FsyncPolicy | str = DEFAULT_FSYNC,
-        start_after: int = 0,
+        incarnation: int | None = None,
+        start_after: int | None = None,
     ) -> Spool:
         """Open (creating if needed) the spool in ``directory``; may block (scans segments).
 
-        ``start_after`` is the floor of a *new* spool: it holds every event above
-        it (a fresh sidecar passes the cseq its state transfer was cut at).  An
-        existing spool keeps its persisted floor.  ``max_bytes`` must be at least
-        twice ``segment_bytes``, so an overflow keeps at least one full segment.
+        ``incarnation`` is the site's (``None``: whatever the spool holds, to
+        inspect it; a new spool records 0).  ``start_after`` is the join point:
+        the spool holds every event above it from now on (``None``: keep the
+        persisted floor).  Content of another incarnation or format, or above
+        the join point, is set aside (gateway/spoolstate.py); a join point
+        above the floor raises the floor.  ``max_bytes`` must be at least twice
+        ``segment_bytes``, so an overflow keeps at least one full segment.
 
         Raises :class:`SpoolError` if another process has the directory open,
         :class:`SpoolCorruptError` on corruption (not on a torn tail).
@@ -187,18 +175,15 @@ class Spool:
             raise ValueError(
                 f"max_bytes={max_bytes} must be at least twice segment_bytes={segment_bytes}"
             )
-        policy = FsyncPolicy(fsync)
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
+        policy = FsyncPolicy(fsync)
         spool = cls(path, max_bytes=max_bytes, segment_bytes=segment_bytes, fsync=policy)
         try:
             spool._lock_fd = sf.lock_directory(path)
-            spool._dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-            marks = sf.load_state(path)
-            spool._marks = marks or Watermarks(floor=start_after, trimmed_upto=start_after)
-            spool._recover()
-            if marks is None:  # the floor of a new spool is a promise: keep it across restarts
-                spool._save_state()
+            dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            spool._log = SegmentSet(path, policy, dir_fd)
+            spool._load(incarnation, start_after)
         except BaseException:
             spool.close()
             raise
@@ -206,16 +191,16 @@ class Spool:
 
     def close(self) -> None:
         """Flush (per policy) and release the directory.  Idempotent."""
-        if self._fd is not None:
-            if self._dirty and self.fsync is not FsyncPolicy.NEVER:
-                self._fdatasync(self._fd)
-            os.close(self._fd)
-            self._fd = None
-        for name in ("_dir_fd", "_lock_fd"):
-            fd = getattr(self, name)
-            if fd is not None:
-                os.close(fd)
-                setattr(self, name, None)
+        log_, self._log = self._log, None
+        try:
+            if log_ is not None:
+                log_.close_active()
+        finally:
+            if log_ is not None:
+                os.close(log_.dir_fd)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
     def __enter__(self) -> Spool:
         return self
@@ -223,184 +208,196 @@ class Spool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # --- opening ----------------------------------------------------------------
+
+    def _load(self, incarnation: int | None, start_after: int | None) -> None:
+        marks, why = ss.provenance(self.directory, incarnation)
+        label = "unknown" if marks is None else str(marks.incarnation)
+        if marks is not None and not why:
+            self._marks = marks
+            self._recover()
+            if start_after is not None and start_after < self.held_upto:
+                why = f"it holds seq {self.held_upto}, above the join point {start_after}"
+                self._segs.forget()
+        if why:
+            ss.set_aside(self.directory, label, why)
+            self._segs.sync_dir()
+        if marks is None or why:  # a new spool: its floor is a promise, kept across restarts
+            begin = start_after or 0
+            self._marks = Watermarks(begin, begin, incarnation or 0)
+            self._save_state()
+        elif start_after is not None and start_after > self._marks.floor:
+            log.warning(
+                "spool.open dir=%s floor=%d raised_to=%d reason=join-point-above-floor "
+                "(what went by while this sidecar was down: D resyncs if it needs it)",
+                self.directory,
+                self._marks.floor,
+                start_after,
+            )
+            self._marks.floor = start_after
+            self._save_state()
+        s = self.statistics()
+        log.info(
+            "spool.open dir=%s incarnation=%d segments=%d bytes=%d last_seq=%s floor=%d",
+            *(self.directory, s.incarnation, s.segments, s.bytes, s.last_seq, s.floor),
+        )
+
+    def _recover(self) -> None:
+        chain = sf.Chain(self._marks.floor)
+        self._segs.adopt(sf.scan_directory(self.directory, chain))
+        for first, last in chain.losses:
+            self._marks.lose(first, last)
+        # Segments wholly acked before a crash between trim's state write and unlink.
+        self._delete_acked()
+        if chain.losses:
+            self._save_state()
+
     # --- persisted state --------------------------------------------------------
 
     def _save_state(self) -> None:
-        sync = self._fdatasync if self.fsync is not FsyncPolicy.NEVER else None
-        sf.save_state(self.directory, self._marks, sync)
-        self._sync_dir()
+        segs = self._segs
+        sync = segs.fdatasync if self.fsync is not FsyncPolicy.NEVER else None
+        ss.save_state(self.directory, self._marks, sync)
+        segs.sync_dir()
+        self._state_unsaved = False
 
-    # --- recovery ---------------------------------------------------------------
-
-    def _recover(self) -> None:
-        self._segments, losses = sf.scan_directory(self.directory, self._marks.trimmed_upto)
-        self._last_seqs = [seg.last_seq for seg in self._segments]
-        self._bytes = sum(seg.size for seg in self._segments)
-        for first, last in losses:  # treated as an overflow
-            self._record_loss(first, last, events=0)
-        if self._segments:
-            self._last_seq = self._segments[-1].last_seq
-            self._fd = os.open(self._segments[-1].path, os.O_WRONLY | os.O_APPEND)
-        # Segments wholly acked before a crash between trim's state write and unlink.
-        self._delete_acked()
-        if losses:
+    def _try_save_state(self) -> bool:
+        """Persist the marks; on a disk failure, count it and retry after the next write."""
+        try:
             self._save_state()
-        log.info(
-            "spool.open dir=%s segments=%d bytes=%d first_seq=%s last_seq=%s floor=%d",
-            self.directory,
-            len(self._segments),
-            self._bytes,
-            self._segments[0].first_seq if self._segments else None,
-            self._last_seq,
-            self._marks.floor,
-        )
+        except OSError as exc:
+            if exc.errno not in DISK_ERRNOS:
+                raise
+            self._state_unsaved = True
+            self._disk_failed(exc, ss.STATE_FILE)
+            return False
+        return True
 
     # --- writing ----------------------------------------------------------------
 
-    def append(self, seq: int, time_us: int, payload: bytes) -> None:
+    def append(self, seq: int, time_us: int, payload: bytes, prev_seq: int) -> None:
         """Append one event (see :meth:`append_many`)."""
-        self.append_many(((seq, time_us, payload),))
+        self.append_many(((seq, time_us, payload, prev_seq),))
 
     def append_many(self, events: Iterable[Event]) -> None:
-        """Append events in order; may block (write, and fsync per policy).
+        """Append ``(seq, time_us, payload, prev_seq)`` events in order; may block
+        (write, and fsync per policy).
 
-        Seqs must be strictly increasing and above the last appended one, else
-        :class:`SpoolError` (nothing of the batch after the bad event is written).
-        Events at or below the ack watermark are not stored (already applied at D)
-        and are counted as ``skipped_acked``.  Never blocks for space: a full spool
-        drops its oldest segments (see the module docstring).
+        Seqs must be strictly increasing and above the last appended one, and
+        ``prev_seq`` below ``seq``, else :class:`SpoolError` (the batch before the
+        bad event is written).  Events at or below the ack watermark are not
+        stored (already applied at D) and are counted as ``skipped_acked``.
+        Never blocks for space (a full spool drops its oldest segments) and never
+        raises for a failing disk (see the module docstring).
         """
+        it = iter(events)
+        self._batch_last = None
+        try:
+            self._append_all(it)
+            if self.fsync is FsyncPolicy.BATCH:
+                self._segs.sync_active()
+        except OSError as exc:
+            if exc.errno not in DISK_ERRNOS:
+                raise
+            self._write_failed(exc, it)
+            return
+        if self._state_unsaved and not self._try_save_state():
+            return
+        if self._failing:
+            self._failing = False
+            log.warning(
+                "spool.write recovered dir=%s errors=%d", self.directory, self._write_errors
+            )
+
+    def _append_all(self, it: Iterator[Event]) -> None:
+        segs = self._segs
         pending = bytearray()
+        notes: list[tuple[int, int]] = []  # (seq, offset) of the records in pending
         always = self.fsync is FsyncPolicy.ALWAYS
         pack, crc, header_size = sf.HEADER_STRUCT.pack, sf.record_crc, sf.HEADER_SIZE
-        try:
-            for seq, time_us, payload in events:
-                if self._last_seq is not None and seq <= self._last_seq:
-                    raise SpoolError(
-                        f"{self.directory}: event seq {seq} is not above the last appended "
-                        f"seq {self._last_seq}; seqs must be strictly increasing"
-                    )
-                if not 0 <= seq <= sf.U64_MAX or not 0 <= time_us <= sf.U64_MAX:
-                    raise SpoolError(f"seq {seq} or time_us {time_us} is not a u64")
-                if len(payload) > sf.MAX_PAYLOAD:
-                    raise SpoolError(
-                        f"payload of seq {seq} is {len(payload)} bytes, max {sf.MAX_PAYLOAD}"
-                    )
-                if seq <= self._marks.trimmed_upto:
-                    self._skipped += 1
-                    continue
-                rec_len = header_size + len(payload)
-                seg = self._segments[-1] if self._fd is not None else None
-                if seg is None or (
-                    seg.count > 0 and seg.size + len(pending) + rec_len > self.segment_bytes
-                ):
-                    self._write(pending)
-                    pending.clear()
-                    self._roll(seq)
-                    seg = self._segments[-1]
-                seg.note_record(seq, seg.size + len(pending))
-                pending += pack(len(payload), crc(seq, time_us, payload), seq, time_us)
-                pending += payload
-                seg.count += 1
-                seg.last_seq = seq
-                self._last_seqs[-1] = seq
-                self._last_seq = seq
-                self._appended += 1
-                if always:
-                    self._write(pending)
-                    pending.clear()
-                    self._sync_active()
-        finally:
-            self._write(pending)
-        if self.fsync is FsyncPolicy.BATCH:
-            self._sync_active()
+        for seq, time_us, payload, prev_seq in it:
+            last = notes[-1][0] if notes else segs.last_seq
+            try:
+                sf.check_event(seq, time_us, payload, prev_seq, last)
+            except SpoolError:
+                self._flush(pending, notes)
+                raise
+            self._batch_last = seq
+            if seq <= self._marks.trimmed_upto:
+                self._skipped += 1
+                continue
+            top = max(self._marks.floor, last or 0)
+            if prev_seq > top:  # the events in between never reached the spool
+                self._flush(pending, notes)
+                self._marks.lose(top + 1, prev_seq)
+                log.warning("spool.append gap first_seq=%d last_seq=%d", top + 1, prev_seq)
+                self._try_save_state()
+            rec_len = header_size + len(payload)
+            seg = segs.active
+            if seg is None or (
+                (seg.count or notes) and seg.size + len(pending) + rec_len > self.segment_bytes
+            ):
+                self._flush(pending, notes)
+                self._make_room(sf.PREAMBLE_SIZE)
+                segs.roll(seq, self._marks.incarnation)
+                seg = segs.segments[-1]
+            notes.append((seq, seg.size + len(pending)))
+            pending += pack(
+                len(payload), crc(seq, prev_seq, time_us, payload), seq, prev_seq, time_us
+            )
+            pending += payload
+            if always:
+                self._flush(pending, notes)
+                segs.sync_active()
+        self._flush(pending, notes)
 
-    def _write(self, data: bytearray) -> None:
-        """Write ``data`` at the end of the active segment, making room first."""
-        if not data:
+    def _flush(self, pending: bytearray, notes: list[tuple[int, int]]) -> None:
+        if pending:
+            self._make_room(len(pending))
+            self._segs.write(pending, notes)
+
+    def _write_failed(self, exc: OSError, rest: Iterator[Event]) -> None:
+        """The disk failed a write: the batch's events are lost for D."""
+        last = self._batch_last
+        for event in rest:  # the events after the failed one are lost too
+            last = event[0]
+        self._write_errors += 1
+        self._segs.drop_empty_active()
+        if last is not None and last > self._marks.floor:
+            self._marks.lose(self.held_upto + 1, last)
+        self._disk_failed(exc, f"the batch up to seq {last}")
+        self._try_save_state()
+
+    def _disk_failed(self, exc: OSError, what: str) -> None:
+        if self._failing:
             return
-        assert self._fd is not None
-        self._make_room(len(data))
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
-        view.release()
-        self._bytes += len(data)
-        self._segments[-1].size += len(data)
-        self._dirty = True
-
-    def _roll(self, first_seq: int) -> None:
-        """Close the active segment and start a new one named ``first_seq``."""
-        if self._fd is not None:
-            if self._dirty and self.fsync is not FsyncPolicy.NEVER:
-                self._fdatasync(self._fd)
-            os.close(self._fd)
-            self._fd = None
-            self._dirty = False
-        path = self.directory / sf.segment_name(first_seq)
-        self._make_room(sf.PREAMBLE_SIZE)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        os.write(fd, sf.PREAMBLE_BYTES)
-        self._fd = fd
-        seg = Segment(path, first_seq, first_seq, sf.PREAMBLE_SIZE, 0)
-        self._segments.append(seg)
-        self._last_seqs.append(first_seq)
-        self._bytes += sf.PREAMBLE_SIZE
-        self._dirty = True
-        self._sync_dir()
+        self._failing = True
+        log.error(
+            "spool.write failed dir=%s what=%s error=%s floor=%d action=D-resyncs-if-needed. "
+            "Fix: free space on (or repair) the file system of %s; the spool resumes by itself",
+            *(self.directory, what, os.strerror(exc.errno or 0), self._marks.floor, self.directory),
+        )
 
     def _make_room(self, incoming: int) -> None:
         """Drop the oldest segments (never the active one) so ``incoming`` bytes fit."""
+        segs = self._segs
         dropped = False
-        while self._bytes + incoming > self.max_bytes and len(self._segments) > 1:
-            seg = self._segments[0]
+        while segs.bytes + incoming > self.max_bytes and len(segs.segments) > 1:
+            seg = segs.segments[0]
             trimmed = self._marks.trimmed_upto
             if seg.last_seq > trimmed:
                 # Unacked events go: persist the loss before the data disappears.
-                lost_events = seg.count  # upper bound when the head is partly acked
-                self._record_loss(max(seg.first_seq, trimmed + 1), seg.last_seq, lost_events)
+                self._marks.lose(max(seg.first_seq, trimmed + 1), seg.last_seq, seg.count)
                 self._save_state()
                 log.warning(
                     "spool.overflow dropped_segment=%s first_seq=%d last_seq=%d "
                     "max_bytes=%d action=D-needs-resync",
-                    seg.path.name,
-                    seg.first_seq,
-                    seg.last_seq,
-                    self.max_bytes,
+                    *(seg.path.name, seg.first_seq, seg.last_seq, self.max_bytes),
                 )
-            self._drop_head()
+            segs.drop_head()
             dropped = True
         if dropped:
-            self._sync_dir()
-
-    def _record_loss(self, first: int, last: int, events: int) -> None:
-        m = self._marks
-        if m.lost_upto is None or m.lost_upto <= m.trimmed_upto:
-            m.first_lost_seq = first  # a new overflow episode
-        m.lost_upto = last if m.lost_upto is None else max(m.lost_upto, last)
-        m.floor = max(m.floor, last)
-        m.overflow_count += 1
-        m.overflow_events += events
-
-    def _drop_head(self) -> None:
-        seg = self._segments.pop(0)
-        self._last_seqs.pop(0)
-        self._bytes -= seg.size
-        seg.path.unlink(missing_ok=True)
-
-    def _sync_active(self) -> None:
-        if self._fd is not None and self._dirty:
-            self._fdatasync(self._fd)
-            self._dirty = False
-
-    def _fdatasync(self, fd: int) -> None:
-        os.fdatasync(fd)
-        self._fsyncs += 1
-
-    def _sync_dir(self) -> None:
-        if self.fsync is not FsyncPolicy.NEVER and self._dir_fd is not None:
-            os.fsync(self._dir_fd)
+            segs.sync_dir()
 
     # --- acks and resync ----------------------------------------------------------
 
@@ -408,14 +405,16 @@ class Spool:
         """D applied every event up to ``upto_seq``: raise the watermark; may block.
 
         Deletes every segment whose last seq is at or below it (the active one
-        too: the next append starts a new segment).  Returns how many segments
-        were deleted.  A lower ``upto_seq`` than the current watermark is ignored.
+        too: the next append starts a new segment), once the watermark is
+        persisted.  Returns how many segments were deleted.  A lower
+        ``upto_seq`` than the current watermark is ignored.
         """
         if upto_seq <= self._marks.trimmed_upto:
             return 0
         self._marks.trimmed_upto = upto_seq
         self._marks.floor = max(self._marks.floor, upto_seq)
-        self._save_state()
+        if not self._try_save_state():
+            return 0
         return self._delete_acked()
 
     def mark_resynced(self, upto_seq: int) -> None:
@@ -423,16 +422,13 @@ class Spool:
         self.trim(upto_seq)
 
     def _delete_acked(self) -> int:
+        segs = self._segs
         deleted = 0
-        while self._segments and self._segments[0].last_seq <= self._marks.trimmed_upto:
-            if len(self._segments) == 1 and self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
-                self._dirty = False
-            self._drop_head()
+        while segs.segments and segs.segments[0].last_seq <= self._marks.trimmed_upto:
+            segs.drop_head()
             deleted += 1
         if deleted:
-            self._sync_dir()
+            segs.sync_dir()
         return deleted
 
     @property
@@ -441,10 +437,18 @@ class Spool:
         return self._marks.floor
 
     @property
+    def held_upto(self) -> int:
+        """The spool holds every event in ``(floor, held_upto]``."""
+        return max(self._marks.floor, self._segs.last_seq or 0)
+
+    @property
+    def incarnation(self) -> int:
+        return self._marks.incarnation
+
+    @property
     def overflowed(self) -> bool:
-        """Events D had not applied were dropped, and D has not been resynced past them."""
-        lost = self._marks.lost_upto
-        return lost is not None and self._marks.trimmed_upto < lost
+        """Events D had not applied were lost, and D has not been resynced past them."""
+        return self._marks.overflowed
 
     def needs_resync(self, resume_point: int) -> bool:
         """True when the spool cannot replay every event after D's ``resume_point``."""
@@ -460,37 +464,38 @@ class Spool:
         list means nothing newer is spooled.  Raises :class:`SpoolCorruptError`
         if a record read back fails its CRC.
         """
-        after = max(seq, self._marks.trimmed_upto)
-        i = bisect.bisect_right(self._last_seqs, after)
-        out: list[Event] = []
-        budget = max_bytes
-        while i < len(self._segments) and (budget > 0 or not out):
-            seg = self._segments[i]
-            budget = sf.read_segment(seg, after, budget, out)
-            i += 1
-        return out
+        return self._segs.read_after(max(seq, self._marks.trimmed_upto), max_bytes)
+
+    def lag(self, acked_seq: int) -> tuple[int, int | None]:
+        """(records above ``acked_seq`` and the watermark, time_us of the first), or
+        ``(0, None)``; reads at most one index interval of headers."""
+        return self._segs.count_after(max(acked_seq, self._marks.trimmed_upto))
 
     # --- statistics ---------------------------------------------------------------
 
     def statistics(self) -> SpoolStatistics:
         """A snapshot; touches only memory."""
+        m, segs = self._marks, self._segs
         return SpoolStatistics(
-            bytes=self._bytes,
-            segments=len(self._segments),
-            records=sum(s.count for s in self._segments),
-            first_seq=self._segments[0].first_seq if self._segments else None,
-            last_seq=self._last_seq,
-            floor=self._marks.floor,
-            trimmed_upto=self._marks.trimmed_upto,
+            bytes=segs.bytes,
+            segments=len(segs.segments),
+            records=segs.records,
+            first_seq=segs.segments[0].first_seq if segs.segments else None,
+            last_seq=segs.last_seq,
+            floor=m.floor,
+            held_upto=self.held_upto,
+            incarnation=m.incarnation,
+            trimmed_upto=m.trimmed_upto,
             overflowed=self.overflowed,
-            needs_resync=self.needs_resync(self._marks.trimmed_upto),
-            overflow_count=self._marks.overflow_count,
-            overflow_events=self._marks.overflow_events,
-            first_lost_seq=self._marks.first_lost_seq if self.overflowed else None,
-            lost_upto=self._marks.lost_upto,
-            appended=self._appended,
+            needs_resync=self.needs_resync(m.trimmed_upto),
+            overflow_count=m.overflow_count,
+            overflow_events=m.overflow_events,
+            first_lost_seq=m.first_lost_seq if self.overflowed else None,
+            lost_upto=m.lost_upto,
+            appended=segs.appended,
             skipped_acked=self._skipped,
-            fsyncs=self._fsyncs,
+            write_errors=self._write_errors,
+            fsyncs=segs.fsyncs,
             max_bytes=self.max_bytes,
             fsync=self.fsync.value,
         )

@@ -1,22 +1,30 @@
-"""The spool's files: segment and record format, scanning, reading, the state file.
+"""The spool's files: segment and record format, scanning, reading.
 
 Theory of operation
 -------------------
 A spool directory (gateway/spool.py keeps the policy: index, trim, floor,
-overflow) holds segment files, a state file and a lock file that one process
-holds (:func:`lock_directory`); :class:`FsyncPolicy` says when writes are
-forced to disk.  A segment is named by the seq of its first record
-(``00000000000000001234.seg``, 20 digits so names sort as numbers) and holds::
+overflow) holds segment files, a state file (gateway/spoolstate.py) and a
+lock file that one process holds (:func:`lock_directory`); :class:`FsyncPolicy`
+says when writes are forced to disk.  A segment is named by the seq of its
+first record (``00000000000000001234.seg``, 20 digits so names sort as
+numbers) and holds::
 
-    segment := preamble record*
-    preamble := magic "DRGSPL" (6) | version u8 | reserved u8 (0)
-    record   := length u32 | crc32c u32 | seq u64 | time_us u64 | payload[length]
-                (big-endian; the CRC covers seq, time_us and payload: a wrong
-                length moves the payload's bounds and so fails the CRC too)
+    segment  := preamble record*
+    preamble := magic "DRGSPL" (6) | version u8 | reserved u8 (0) | incarnation u64
+    record   := length u32 | crc32c u32 | seq u64 | prev_seq u64 | time_us u64
+                | payload[length]
+                (big-endian; the CRC covers seq, prev_seq, time_us and payload:
+                a wrong length moves the payload's bounds and so fails the CRC too)
+
+``incarnation`` is the site's, whose stream numbered the records.
+``prev_seq`` is the seq of the event the tap forwarded before this one (or
+the join point for the first event after a join): no event lies between
+``prev_seq`` and ``seq``.  The records therefore say themselves whether the
+spool holds a stretch of the stream without a gap (:class:`Chain`).
 
 :class:`Segment` is the in-memory index of one segment: its first and last
-seq, its size, and a sparse list of ``(seq, offset)`` record starts, one every
-:data:`INDEX_INTERVAL` bytes.  :func:`read_segment` starts at the nearest
+seq, its size, its record count and a sparse list of ``(seq, offset, ordinal)``
+record starts, one every :data:`INDEX_INTERVAL` bytes.  :func:`read_segment` starts at the nearest
 index entry, so it scans at most that many bytes of headers before the first
 record it returns; CRCs are checked on read as well.
 
@@ -27,15 +35,12 @@ Two kinds of damage:
   fails its CRC and nothing but zero bytes follows it (a file system that
   extended the file but never wrote the data).  That is what a crash
   mid-write leaves; the tail is truncated away and logged, and the caller is
-  told (:func:`scan_directory` reports a torn segment that is not the last one:
-  events up to the next segment may be missing).
+  told.  A torn segment that is not the last one may have lost events up to
+  the next segment: the next record's ``prev_seq`` says exactly which, and
+  :class:`Chain` reports them as lost.
 * a bad record followed by more data: that is not a crash artefact but disk
   corruption.  We refuse to guess which events it held:
   :class:`SpoolCorruptError` names the file and byte offset and the fix.
-
-The state file (``spool.state``, JSON) holds the :class:`Watermarks`; it is
-written to a temporary file and renamed, so a crash leaves the old or the new
-one, never a mix.
 
 Everything here is synchronous file I/O on the caller's thread.
 """
@@ -45,14 +50,12 @@ from __future__ import annotations
 import bisect
 import enum
 import fcntl
-import json
 import logging
 import os
 import struct
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import construct as c
 from crc32c import crc32c
@@ -70,10 +73,9 @@ MAX_PAYLOAD: Final = 64 << 20
 U64_MAX: Final = (1 << 64) - 1
 
 MAGIC: Final = b"DRGSPL"
-VERSION: Final = 1
+# 2: the incarnation in the preamble, prev_seq in every record.
+VERSION: Final = 2
 SEGMENT_SUFFIX: Final = ".seg"
-STATE_FILE: Final = "spool.state"
-STATE_VERSION: Final = 1
 LOCK_FILE: Final = "spool.lock"
 
 
@@ -135,40 +137,78 @@ def lock_directory(directory: Path) -> int:
 
 # --- on-disk definitions ------------------------------------------------------
 
-# preamble: magic "DRGSPL" (6) | version u8 | reserved u8 (0)
+# preamble: magic "DRGSPL" (6) | version u8 | reserved u8 (0) | incarnation u64
 Preamble = c.Struct(
     "magic" / c.Const(MAGIC),
     "version" / c.Int8ub,
     "reserved" / c.Const(0, c.Int8ub),
+    "incarnation" / c.Int64ub,
 ).compile()
-_PREAMBLE: Final = struct.Struct(">6sBB")
+_PREAMBLE: Final = struct.Struct(">6sBBQ")
 PREAMBLE_SIZE: Final = _PREAMBLE.size
-PREAMBLE_BYTES: Final = _PREAMBLE.pack(MAGIC, VERSION, 0)
+_PREAMBLE_START: Final = struct.Struct(">6sB")  # what every version shares
 
-# record header: length u32 | crc32c u32 | seq u64 | time_us u64, then payload[length]
-# The construct definition is the declared layout (tests parse with it); the
-# hot paths use the equivalent struct, about ten times faster.
+
+def preamble(incarnation: int) -> bytes:
+    """A new segment's first bytes."""
+    return _PREAMBLE.pack(MAGIC, VERSION, 0, incarnation)
+
+
+def read_preamble(path: Path) -> tuple[int, int | None] | None:
+    """(version, incarnation) of a segment file, incarnation ``None`` for another
+    version; ``None`` for a file cut before its preamble ended.  Raises
+    :class:`SpoolCorruptError` if it is not a spool segment at all."""
+    with open(path, "rb") as f:
+        data = f.read(PREAMBLE_SIZE)
+    if len(data) < _PREAMBLE_START.size:
+        return None
+    magic, version = _PREAMBLE_START.unpack_from(data)
+    if magic != MAGIC:
+        raise SpoolCorruptError(path, 0, f"not a spool segment (magic {magic!r})")
+    if version != VERSION:
+        return version, None
+    if len(data) < PREAMBLE_SIZE:
+        return None
+    return version, _PREAMBLE.unpack(data)[3]
+
+
+# record header: length u32 | crc32c u32 | seq u64 | prev_seq u64 | time_us u64,
+# then payload[length].  The construct definition is the declared layout (tests
+# parse with it); the hot paths use the equivalent struct, about ten times faster.
 RecordHeader = c.Struct(
     "length" / c.Int32ub,
     "crc" / c.Int32ub,
     "seq" / c.Int64ub,
+    "prev_seq" / c.Int64ub,
     "time_us" / c.Int64ub,
 ).compile()
-HEADER_STRUCT: Final = struct.Struct(">IIQQ")
+HEADER_STRUCT: Final = struct.Struct(">IIQQQ")
 HEADER_SIZE: Final = HEADER_STRUCT.size
-_SEQ_TIME: Final = struct.Struct(">QQ")
+_SEQ_PREV_TIME: Final = struct.Struct(">QQQ")
 
 
-def record_crc(seq: int, time_us: int, payload: bytes) -> int:
-    """The CRC32C a record carries: over seq, time_us (big-endian u64) and payload."""
-    return crc32c(payload, crc32c(_SEQ_TIME.pack(seq, time_us)))
+def record_crc(seq: int, prev_seq: int, time_us: int, payload: bytes) -> int:
+    """The CRC32C a record carries: over seq, prev_seq, time_us (big-endian u64), payload."""
+    return crc32c(payload, crc32c(_SEQ_PREV_TIME.pack(seq, prev_seq, time_us)))
 
 
-def encode_record(seq: int, time_us: int, payload: bytes) -> bytes:
+def encode_record(seq: int, time_us: int, payload: bytes, prev_seq: int) -> bytes:
     """One record's bytes."""
-    return (
-        HEADER_STRUCT.pack(len(payload), record_crc(seq, time_us, payload), seq, time_us) + payload
-    )
+    crc = record_crc(seq, prev_seq, time_us, payload)
+    return HEADER_STRUCT.pack(len(payload), crc, seq, prev_seq, time_us) + payload
+
+
+def check_event(seq: int, time_us: int, payload: bytes, prev_seq: int, last: int | None) -> None:
+    """Raise :class:`SpoolError` unless the event may follow seq ``last``."""
+    if last is not None and seq <= last:
+        raise SpoolError(
+            f"event seq {seq} is not above the last appended seq {last}; "
+            "seqs must be strictly increasing"
+        )
+    if not (0 <= seq <= U64_MAX and 0 <= time_us <= U64_MAX and 0 <= prev_seq < seq):
+        raise SpoolError(f"seq {seq}, prev_seq {prev_seq} or time_us {time_us} is wrong")
+    if len(payload) > MAX_PAYLOAD:
+        raise SpoolError(f"payload of seq {seq} is {len(payload)} bytes, max {MAX_PAYLOAD}")
 
 
 def segment_name(first_seq: int) -> str:
@@ -193,15 +233,48 @@ class Segment:
     size: int  # bytes on disk, preamble included
     count: int  # records
     index_seqs: list[int] = field(default_factory=list)  # sparse: seq of a record start
-    index_offsets: list[int] = field(default_factory=list)  # ... and its offset
+    index_offsets: list[int] = field(default_factory=list)  # ... its offset
+    index_ordinals: list[int] = field(default_factory=list)  # ... and records before it
     last_indexed: int = PREAMBLE_SIZE  # offset of the last index entry (or the preamble end)
 
-    def note_record(self, seq: int, offset: int) -> None:
-        """A record of ``seq`` starts at ``offset``: index it if the last entry is far enough."""
+    def note_record(self, seq: int, offset: int, ordinal: int) -> None:
+        """Record number ``ordinal`` (from 0), of ``seq``, starts at ``offset``:
+        index it if the last entry is far enough."""
         if offset - self.last_indexed >= INDEX_INTERVAL:
             self.index_seqs.append(seq)
             self.index_offsets.append(offset)
+            self.index_ordinals.append(ordinal)
             self.last_indexed = offset
+
+    def start_at(self, after: int) -> tuple[int, int]:
+        """(offset, ordinal) of the indexed record nearest before the first above ``after``."""
+        k = bisect.bisect_right(self.index_seqs, after) - 1
+        if k < 0:
+            return PREAMBLE_SIZE, 0
+        return self.index_offsets[k], self.index_ordinals[k]
+
+
+class Chain:
+    """Follows records in stream order and finds the gaps above a floor.
+
+    ``floor`` first is the spool's; every gap (a record whose ``prev_seq`` is
+    above both the floor and the seq before it) is added to ``losses`` and
+    raises ``floor`` past it, so the spool holds every event in
+    ``(floor, top]``.
+    """
+
+    __slots__ = ("floor", "losses", "top")
+
+    def __init__(self, floor: int) -> None:
+        self.floor = floor
+        self.top = floor  # max(floor, last seq seen)
+        self.losses: list[Lost] = []
+
+    def see(self, seq: int, prev_seq: int) -> None:
+        if prev_seq > self.top:
+            self.losses.append((self.top + 1, prev_seq))
+            self.floor = prev_seq
+        self.top = max(self.top, seq)
 
 
 # --- scanning (recovery) ------------------------------------------------------
@@ -209,25 +282,28 @@ class Segment:
 Lost = tuple[int, int]  # first and last seq of a range of events that may be lost
 
 
-def scan_segment(path: Path) -> tuple[Segment | None, bool]:
+def segment_paths(directory: Path) -> list[Path]:
+    """The segment files of a spool directory, in seq order."""
+    return sorted(p for p in directory.iterdir() if p.name.endswith(SEGMENT_SUFFIX) and p.is_file())
+
+
+def scan_segment(path: Path, chain: Chain) -> tuple[Segment | None, bool]:
     """Index one segment, truncating a torn tail.  Returns (segment or None if empty, torn).
 
-    Raises :class:`SpoolCorruptError` on anything a crash cannot leave.
+    The caller checked the preamble (:func:`read_preamble`).  Raises
+    :class:`SpoolCorruptError` on anything a crash cannot leave.
     """
     data = path.read_bytes()
     named_first = seq_of(path)
     if len(data) < PREAMBLE_SIZE:
         # Created, crashed before the preamble was written.
         return None, bool(data)
-    magic, version, _reserved = _PREAMBLE.unpack_from(data)
-    if magic != MAGIC or version != VERSION:
-        raise SpoolCorruptError(path, 0, f"not a spool segment (magic {magic!r}, v{version})")
     seg = Segment(path, named_first, named_first, PREAMBLE_SIZE, 0)
     offset = PREAMBLE_SIZE
     end = len(data)
     torn = False
     while offset < end:
-        rec_end = _check_record(path, data, offset, seg)
+        rec_end = _check_record(path, data, offset, seg, chain)
         if rec_end is None:
             torn = True
             _truncate(path, offset, end)
@@ -237,35 +313,18 @@ def scan_segment(path: Path) -> tuple[Segment | None, bool]:
     return (seg if seg.count else None), torn
 
 
-def scan_directory(directory: Path, trimmed_upto: int) -> tuple[list[Segment], list[Lost]]:
+def scan_directory(directory: Path, chain: Chain) -> list[Segment]:
     """Index every segment in ``directory``, in seq order; may take a while (reads them all).
 
-    Truncates torn tails, deletes empty segments and a left-over temporary state
-    file.  Returns the segments and the seq ranges above ``trimmed_upto`` that
-    may be lost: a torn segment that is not the last one (pages written out of
-    order before a machine crash) may have lost the events up to the next
-    segment's first seq.  Raises :class:`SpoolCorruptError` on corruption.
+    Truncates torn tails and deletes empty segments.  ``chain`` (opened at the
+    spool's floor) collects the gaps: a torn segment that is not the last one
+    (pages written out of order before a machine crash) lost the events up to
+    the ``prev_seq`` of the next record.  Raises :class:`SpoolCorruptError` on
+    corruption.
     """
-    paths = sorted(
-        p for p in directory.iterdir() if p.name.endswith(SEGMENT_SUFFIX) and p.is_file()
-    )
-    (directory / (STATE_FILE + ".tmp")).unlink(missing_ok=True)
     segments: list[Segment] = []
-    losses: list[Lost] = []
-    for i, path in enumerate(paths):
-        seg, torn = scan_segment(path)
-        if torn and i < len(paths) - 1:
-            first = seg.last_seq + 1 if seg is not None else seq_of(path)
-            last = seq_of(paths[i + 1]) - 1
-            if last >= first and last > trimmed_upto:
-                losses.append((max(first, trimmed_upto + 1), last))
-                log.warning(
-                    "spool.recover lost=torn-middle-segment file=%s first_seq=%d "
-                    "last_seq=%d action=D-needs-resync",
-                    path,
-                    first,
-                    last,
-                )
+    for path in segment_paths(directory):
+        seg, _torn = scan_segment(path, chain)
         if seg is None:
             log.warning("spool.recover dropped=empty-segment file=%s", path)
             path.unlink()
@@ -278,21 +337,28 @@ def scan_directory(directory: Path, trimmed_upto: int) -> tuple[list[Segment], l
                 f"seq {segments[-1].last_seq}",
             )
         segments.append(seg)
-    return segments, losses
+    for first, last in chain.losses:
+        log.warning(
+            "spool.recover lost=gap dir=%s first_seq=%d last_seq=%d action=D-needs-resync",
+            directory,
+            first,
+            last,
+        )
+    return segments
 
 
-def _check_record(path: Path, data: bytes, offset: int, seg: Segment) -> int | None:
+def _check_record(path: Path, data: bytes, offset: int, seg: Segment, chain: Chain) -> int | None:
     """Index the record at ``offset`` and return its end; ``None`` if the tail is torn there."""
     end = len(data)
     if end - offset < HEADER_SIZE:
         return None
-    length, crc, seq, time_us = HEADER_STRUCT.unpack_from(data, offset)
+    length, crc, seq, prev_seq, time_us = HEADER_STRUCT.unpack_from(data, offset)
     rec_end: int = offset + HEADER_SIZE + length
     if length > MAX_PAYLOAD:
         raise SpoolCorruptError(path, offset, f"record length {length} is impossible")
     if rec_end > end:  # the file ends inside the record: cut mid-write
         return None
-    if record_crc(seq, time_us, data[offset + HEADER_SIZE : rec_end]) != crc:
+    if record_crc(seq, prev_seq, time_us, data[offset + HEADER_SIZE : rec_end]) != crc:
         if rec_end == end or not data[offset:].strip(b"\x00"):
             return None  # a bad last record, or one the file system never wrote
         raise SpoolCorruptError(path, offset, f"CRC mismatch in the record of seq {seq}")
@@ -302,7 +368,10 @@ def _check_record(path: Path, data: bytes, offset: int, seg: Segment) -> int | N
         )
     if seg.count and seq <= seg.last_seq:
         raise SpoolCorruptError(path, offset, f"seq {seq} after seq {seg.last_seq}")
-    seg.note_record(seq, offset)
+    if prev_seq >= seq:
+        raise SpoolCorruptError(path, offset, f"seq {seq} says it follows seq {prev_seq}")
+    chain.see(seq, prev_seq)
+    seg.note_record(seq, offset, seg.count)
     seg.count += 1
     seg.last_seq = seq
     return rec_end
@@ -322,7 +391,7 @@ def _truncate(path: Path, torn_at: int, end: int) -> None:
 
 # --- reading ------------------------------------------------------------------
 
-Event = tuple[int, int, bytes]
+Event = tuple[int, int, bytes, int]  # seq, time_us, payload, prev_seq
 
 
 def read_segment(seg: Segment, after: int, budget: int, out: list[Event]) -> int:
@@ -332,8 +401,7 @@ def read_segment(seg: Segment, after: int, budget: int, out: list[Event]) -> int
     ``budget``, unless ``out`` is empty.  Raises :class:`SpoolCorruptError` if
     a record read back fails its CRC or the file is shorter than indexed.
     """
-    k = bisect.bisect_right(seg.index_seqs, after) - 1
-    offset = seg.index_offsets[k] if k >= 0 else PREAMBLE_SIZE
+    offset, _ordinal = seg.start_at(after)
     end = seg.size
     chunk = max(INDEX_INTERVAL, min(budget, 8 << 20)) + INDEX_INTERVAL
     with open(seg.path, "rb", buffering=0) as f:
@@ -344,7 +412,7 @@ def read_segment(seg: Segment, after: int, budget: int, out: list[Event]) -> int
                 raise SpoolCorruptError(seg.path, offset, "segment shorter than indexed")
             pos = 0
             while pos + HEADER_SIZE <= len(data):
-                length, crc, rseq, time_us = HEADER_STRUCT.unpack_from(data, pos)
+                length, crc, rseq, prev, time_us = HEADER_STRUCT.unpack_from(data, pos)
                 rec_end = pos + HEADER_SIZE + length
                 if rec_end > len(data):
                     if offset + rec_end > end:
@@ -356,11 +424,11 @@ def read_segment(seg: Segment, after: int, budget: int, out: list[Event]) -> int
                     if out and HEADER_SIZE + length > budget:
                         return 0
                     payload = data[pos + HEADER_SIZE : rec_end]
-                    if record_crc(rseq, time_us, payload) != crc:
+                    if record_crc(rseq, prev, time_us, payload) != crc:
                         raise SpoolCorruptError(
                             seg.path, offset + pos, f"CRC mismatch reading seq {rseq}"
                         )
-                    out.append((rseq, time_us, payload))
+                    out.append((rseq, time_us, payload, prev))
                     budget -= HEADER_SIZE + length
                     if budget <= 0:
                         return 0
@@ -369,64 +437,25 @@ def read_segment(seg: Segment, after: int, budget: int, out: list[Event]) -> int
     return budget
 
 
-# --- the state file -------------------------------------------------------------
+def first_above(seg: Segment, after: int) -> tuple[int, int]:
+    """(records of ``seg`` at or below ``after``, time_us of the first record above it).
 
-
-@dataclass(slots=True)
-class Watermarks:
-    """What the spool persists in ``spool.state`` (see gateway/spool.py for the meaning)."""
-
-    floor: int  # every event above it is in the spool
-    trimmed_upto: int  # ack watermark
-    lost_upto: int | None = None  # highest seq an overflow dropped
-    first_lost_seq: int | None = None  # lowest seq of the current overflow episode
-    overflow_count: int = 0  # segments dropped because the spool was full (ever)
-    overflow_events: int = 0  # events dropped with them (ever)
-
-
-def load_state(directory: Path) -> Watermarks | None:
-    """The persisted watermarks, or ``None`` for a new spool.
-
-    Raises :class:`SpoolCorruptError` if the file cannot be read as a state.
+    Reads headers from the nearest index entry (at most :data:`INDEX_INTERVAL`
+    bytes and one record); ``seg`` must hold a record above ``after``.
     """
-    state_path = directory / STATE_FILE
-    try:
-        text = state_path.read_text()
-    except FileNotFoundError:
-        return None
-    try:
-        state = json.loads(text)
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unknown version {state.get('version')!r}")
-        return Watermarks(
-            floor=int(state["floor"]),
-            trimmed_upto=int(state["trimmed_upto"]),
-            lost_upto=_int_or_none(state["lost_upto"]),
-            first_lost_seq=_int_or_none(state["first_lost_seq"]),
-            overflow_count=int(state["overflow_count"]),
-            overflow_events=int(state["overflow_events"]),
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise SpoolCorruptError(state_path, 0, f"unreadable state file ({exc})") from None
-
-
-def _int_or_none(value: Any) -> int | None:
-    if value is None:
-        return None
-    return int(value)
-
-
-def save_state(directory: Path, marks: Watermarks, sync: Callable[[int], None] | None) -> None:
-    """Write ``marks`` to a temporary file, ``sync(fd)`` it if given, and rename it in place.
-
-    The caller syncs the directory afterwards if the rename must survive a power loss.
-    """
-    tmp = directory / (STATE_FILE + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, json.dumps({"version": STATE_VERSION, **asdict(marks)}).encode() + b"\n")
-        if sync is not None:
-            sync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, directory / STATE_FILE)
+    offset, ordinal = seg.start_at(after)
+    with open(seg.path, "rb", buffering=0) as f:
+        while offset < seg.size:
+            f.seek(offset)
+            data = f.read(min(INDEX_INTERVAL + HEADER_SIZE, seg.size - offset))
+            pos = 0
+            while pos + HEADER_SIZE <= len(data):
+                length, _crc, seq, _prev, time_us = HEADER_STRUCT.unpack_from(data, pos)
+                if seq > after:
+                    return ordinal, time_us
+                ordinal += 1
+                pos += HEADER_SIZE + length
+            if not data:
+                break
+            offset += pos
+    raise SpoolCorruptError(seg.path, offset, f"no record above seq {after} where indexed")

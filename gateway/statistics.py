@@ -97,6 +97,7 @@ class SpoolSection:
     needs_resync: bool  # D is behind the spool's floor
     first_seq: int | None
     last_seq: int | None
+    write_errors_total: int = 0  # failed spool writes (disk full, I/O error): D resyncs
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +160,7 @@ def spool_section(stats: SpoolStatistics) -> SpoolSection:
         needs_resync=stats.needs_resync,
         first_seq=stats.first_seq,
         last_seq=stats.last_seq,
+        write_errors_total=stats.write_errors,
     )
 
 

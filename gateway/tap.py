@@ -30,6 +30,14 @@ rules switch     applied at this cseq; for each queue whose mode changed to
                  first deletes D's copy, which it replaces)
 ===============  ============================================================
 
+Each event carries ``prev_seq``, the seq of the event this tap forwarded
+before it in this incarnation, so the spool and D can tell that nothing lies
+between the two.  After a join or a rejoin (:meth:`Tap.resync_rules`) the tap
+does not know what was forwarded before the join point, so the first event's
+``prev_seq`` is the join cseq (the spool's floor): conservative, a D that
+applied less than the join point is refused by the link's continuity check
+and resynced.
+
 The tap is pure: time is passed in, counters are plain ints read by
 ``statistics()``.
 """
@@ -54,13 +62,15 @@ from protocol.modes import Mode
 
 @dataclass(frozen=True, slots=True)
 class ReplEvent:
-    """One replication event: ``payload`` is a bus frame of one ``Replicated``."""
+    """One replication event: ``payload`` is a bus frame of one ``Replicated``;
+    ``prev_seq`` the seq of the event forwarded before it (or the join point)."""
 
     seq: int
     time_us: int
     payload: bytes
     modes: tuple[Mode, ...]
     queues: tuple[str, ...]
+    prev_seq: int
 
 
 class Tap:
@@ -76,12 +86,15 @@ class Tap:
         self.dropped: Counter[str] = Counter()
         self.rules_failures = 0
         self.last_error = ""
+        self.last_seq = 0  # the seq of the last event forwarded (or the join point)
 
     # ------------------------------------------------------------------
 
     def resync_rules(self, state: SiteState) -> None:
-        """After a state transfer: take the rules the site switched to, if any,
-        and decide every queue the state holds."""
+        """After a state transfer (a join or a rejoin): take the rules the site
+        switched to, if any, and decide every queue the state holds.  The next
+        event's ``prev_seq`` is the join point, ``state.cseq``."""
+        self.last_seq = state.cseq
         if state.rules:
             self._take_rules(state.rules, state.rules_cseq, "cannot apply the site's rules")
         self._decide_all(state)
@@ -150,12 +163,14 @@ class Tap:
             modes,
             commands,
         )
+        prev_seq, self.last_seq = self.last_seq, state.cseq
         return ReplEvent(
             state.cseq,
             time_us,
             pc.encode_frame([replicated]),
             modes,
             tuple(c.key for c in commands),
+            prev_seq,
         )
 
     # ------------------------------------------------------------------

@@ -32,7 +32,7 @@ class Site:
         self.spool = Spool.open(
             self.config.spool_dir, max_bytes=1 << 20, segment_bytes=1 << 16, fsync="never"
         )
-        self.spool.append_many((seq, seq * 1_000, PAYLOAD) for seq in range(1, events + 1))
+        self.spool.append_many((seq, seq * 1_000, PAYLOAD, seq - 1) for seq in range(1, events + 1))
         self.role = SidecarRole.EGRESS
         self.roles = RoleSignal()
         self._send, self.links = trio.open_memory_channel[tuple[str, trio.abc.Stream]](10)
@@ -91,9 +91,14 @@ async def test_streams_the_spool_after_ds_resume_point(
         hello = await accept(d, 4)
         assert (hello.origin_cluster, hello.target_cluster) == ("site-p", "site-d")
         assert await receive_through(d, 10) == list(range(5, 11))
+        assert site.egress.link_statistics().lag_events == 10  # none acked yet
         d.machine.ack(10)
         await d.pump_for(2)
         assert site.egress.acked_seq == 10
+        assert (
+            site.egress.link_statistics().lag_events,
+            site.egress.link_statistics().lag_seconds,
+        ) == (0, 0.0)
         assert site.egress.status.state == "up"
     assert site.spool.floor == 10  # D's ack trimmed the spool
     marks = [c for c in site.member.posted if isinstance(c, pc.AckWatermark)]
@@ -142,7 +147,7 @@ async def test_a_d_that_applied_nothing_gets_a_snapshot_first(
     site = Site(tmp_path, events=0)
     site.member.apply(pc.QueueDeclare("q-full"))
     cut = site.member.state.cseq
-    site.spool.append_many([(cut + 1, 1, PAYLOAD)])
+    site.spool.append_many([(cut + 1, 1, PAYLOAD, cut)])
     async with running(site):
         _, d = await site.next_link()
         await accept(d, 0)

@@ -95,6 +95,7 @@ def test_every_snapshot_field_becomes_a_metric_with_constant_labels() -> None:
         ("drgate_spool_first_seq", ()): 80,
         ("drgate_spool_last_seq", ()): 100,
         ("drgate_resync_needed", ()): 0,
+        ("drgate_spool_write_errors_total", ()): 0,
         ("drgate_duplicates_dropped_total", ()): 3,
         ("drgate_merge_refused_total", (("rule", "R3"),)): 4,
         ("drgate_merge_ignored_total", (("rule", "R4"),)): 5,
@@ -266,7 +267,15 @@ def test_status_document_of_a_broker_field_for_field() -> None:
         "last_seq": None,
         "rates": dict.fromkeys(doc["rates"]),
         "spool": dict.fromkeys(
-            ("bytes", "max_bytes", "used_ratio", "segments", "overflow_total", "needs_resync")
+            (
+                "bytes",
+                "max_bytes",
+                "used_ratio",
+                "segments",
+                "overflow_total",
+                "needs_resync",
+                "write_errors_total",
+            )
         ),
         "rules_version": None,
         "rules_digest": None,

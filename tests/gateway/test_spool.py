@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -14,13 +18,20 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from gateway import spool as sp
 from gateway import spoolfile as sf
+from gateway import spoolstate as ss
 from gateway.spool import FsyncPolicy, Spool, SpoolCorruptError, SpoolError
 
-Event = tuple[int, int, bytes]
+Event = tuple[int, int, bytes, int]
 
 
-def events(first: int, n: int, size: int = 40, step: int = 1) -> list[Event]:
-    return [(s, 1_000 + s, bytes([s % 251]) * size) for s in range(first, first + n * step, step)]
+def events(
+    first: int, n: int, size: int = 40, step: int = 1, prev: int | None = None
+) -> list[Event]:
+    """``n`` events from ``first``, each following the one before (the first
+    follows ``prev``, 0 by default: no gap whatever the spool holds)."""
+    seqs = range(first, first + n * step, step)
+    prevs = [prev or 0, *seqs[:-1]]
+    return [(s, 1_000 + s, bytes([s % 251]) * size, p) for s, p in zip(seqs, prevs, strict=True)]
 
 
 def read_all(spool: Spool, after: int = 0) -> list[Event]:
@@ -35,21 +46,24 @@ def seg_files(d: Path) -> list[Path]:
 
 
 def test_record_layout_matches_the_construct_definition() -> None:
-    raw = sf.encode_record(7, 123456, b"hello")
+    raw = sf.encode_record(7, 123456, b"hello", 3)
     head = sf.RecordHeader.parse(raw[: sf.HEADER_SIZE])
-    assert (head.length, head.seq, head.time_us) == (5, 7, 123456)
-    assert head.crc == sf.record_crc(7, 123456, b"hello")
+    assert (head.length, head.seq, head.prev_seq, head.time_us) == (5, 7, 3, 123456)
+    assert head.crc == sf.record_crc(7, 3, 123456, b"hello")
     assert raw[sf.HEADER_SIZE :] == b"hello"
     assert sf.RecordHeader.build(head) == raw[: sf.HEADER_SIZE]
 
 
 def test_segment_is_named_by_first_seq_and_starts_with_preamble(tmp_path: Path) -> None:
-    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=4096, fsync="never") as s:
+    with Spool.open(
+        tmp_path, max_bytes=1 << 20, segment_bytes=4096, fsync="never", incarnation=77
+    ) as s:
         s.append_many(events(1234, 3))
     (only,) = seg_files(tmp_path)
     assert only.name == "00000000000000001234.seg"
     data = only.read_bytes()
-    sf.Preamble.parse(data[: sf.PREAMBLE_SIZE])
+    pre = sf.Preamble.parse(data[: sf.PREAMBLE_SIZE])
+    assert (pre.version, pre.incarnation) == (sf.VERSION, 77)
     assert data[sf.PREAMBLE_SIZE :].startswith(sf.encode_record(*events(1234, 1)[0]))
 
 
@@ -74,8 +88,8 @@ def test_append_read_trim_reopen(tmp_path: Path) -> None:
         assert read_all(s) == evs[100:]
         st_ = s.statistics()
         assert (st_.trimmed_upto, st_.last_seq) == (evs[99][0], evs[-1][0])
-        s.append_many(events(1000, 5))
-        assert read_all(s) == evs[100:] + events(1000, 5)
+        s.append_many(events(1000, 5, prev=evs[-1][0]))
+        assert read_all(s) == evs[100:] + events(1000, 5, prev=evs[-1][0])
 
 
 def test_read_after_respects_byte_budget_but_returns_at_least_one(tmp_path: Path) -> None:
@@ -93,7 +107,7 @@ def test_read_after_large_spool_uses_the_index(tmp_path: Path) -> None:
     evs = events(1, 3000, size=200, step=2)
     with Spool.open(tmp_path, max_bytes=1 << 24, segment_bytes=1 << 20, fsync="never") as s:
         s.append_many(evs)
-        assert any(len(seg.index_seqs) > 3 for seg in s._segments)
+        assert any(len(seg.index_seqs) > 3 for seg in s._segs.segments)
         for k in range(0, 3000, 97):
             after = evs[k][0]
             assert s.read_after(after, 5000)[0] == evs[k + 1] if k + 1 < 3000 else True
@@ -104,10 +118,12 @@ def test_order_is_enforced(tmp_path: Path) -> None:
     with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=4096, fsync="never") as s:
         s.append_many(events(10, 3))
         with pytest.raises(SpoolError, match="strictly increasing"):
-            s.append_many([(13, 0, b""), (13, 0, b"")])
+            s.append_many([(13, 0, b"", 12), (13, 0, b"", 12)])
         assert read_all(s)[-1][0] == 13  # the good part of the batch was written
         with pytest.raises(SpoolError):
-            s.append(5, 0, b"")
+            s.append(5, 0, b"", 4)
+        with pytest.raises(SpoolError, match="prev_seq"):
+            s.append(20, 0, b"", 20)
 
 
 def test_events_at_or_below_watermark_are_skipped(tmp_path: Path) -> None:
@@ -167,7 +183,7 @@ def test_bound_never_exceeded_by_more_than_one_segment_with_big_batches(tmp_path
     with Spool.open(tmp_path, max_bytes=max_bytes, segment_bytes=seg_bytes, fsync="never") as s:
         seq = 1
         for size in (10, 3000, 500, 4000, 7000, 100, 12000):
-            batch = events(seq, 7, size=size)
+            batch = events(seq, 7, size=size, prev=seq - 1)
             seq += 7
             s.append_many(batch)
             assert s.statistics().bytes <= max_bytes + seg_bytes + sf.HEADER_SIZE + size
@@ -178,8 +194,209 @@ def test_fresh_spool_floor(tmp_path: Path) -> None:
     with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=4096, start_after=500) as s:
         assert s.needs_resync(499)
         assert not s.needs_resync(500)
-    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=4096, start_after=0) as s:
-        assert s.floor == 500  # the persisted floor wins over a new start_after
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=4096) as s:
+        assert s.floor == 500  # the persisted floor is a promise across restarts
+
+
+# --- provenance: the join point and the incarnation -------------------------------
+
+OPEN = {"max_bytes": 1 << 20, "segment_bytes": 4096, "fsync": "never"}
+
+
+def test_reopen_with_a_join_point_above_the_floor_raises_it(tmp_path: Path) -> None:
+    # A standby down while the stream went from 50 to 80: D needs 46-80 from it.
+    with Spool.open(tmp_path, **OPEN, incarnation=7, start_after=0) as s:
+        s.append_many(events(1, 50))
+        s.trim(40)
+    with Spool.open(tmp_path, **OPEN, incarnation=7, start_after=80) as s:
+        assert s.floor == 80
+        assert s.needs_resync(45)  # 51-80 went by: a resync, not silence
+        assert not s.needs_resync(80)
+        s.append_many(events(81, 5, prev=80))
+        assert [e[0] for e in s.read_after(80)] == list(range(81, 86))
+    with Spool.open(tmp_path, **OPEN, incarnation=7) as s:
+        assert s.floor == 80  # persisted
+        assert s.needs_resync(45)
+
+
+def test_a_spool_of_another_incarnation_is_set_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = tmp_path / "spool"
+    with Spool.open(d, **OPEN, incarnation=1, start_after=994) as s:
+        s.append_many(events(995, 6, prev=994))
+        s.trim(999)  # 1000 unacked
+    # The whole site restarted as incarnation 2: its stream starts again low.
+    with Spool.open(d, **OPEN, incarnation=2, start_after=3) as s:
+        s.append_many(events(4, 3, prev=3))  # neither skipped as acked nor refused
+        assert [e[0] for e in read_all(s)] == [4, 5, 6]
+        st_ = s.statistics()
+        assert (st_.incarnation, st_.floor, st_.skipped_acked) == (2, 3, 0)
+    (aside,) = d.glob("set-aside-1-*")
+    assert str(aside) in caplog.text and "incarnation 1" in caplog.text
+    assert sorted(p.name for p in aside.iterdir()) == ["00000000000000000995.seg", "spool.state"]
+    with Spool.open(aside, **OPEN) as old:  # kept for inspection, readable
+        assert [e[0] for e in read_all(old)] == [1000]
+    with Spool.open(d, **OPEN, incarnation=2) as s:  # never replayed
+        assert [e[0] for e in read_all(s)] == [4, 5, 6]
+
+
+def test_a_spool_holding_events_above_the_join_point_is_set_aside(tmp_path: Path) -> None:
+    # Same incarnation, but the site's stream is now behind what the spool
+    # holds: those events are another history.
+    with Spool.open(tmp_path, **OPEN, incarnation=5, start_after=0) as s:
+        s.append_many(events(1, 20))
+    with Spool.open(tmp_path, **OPEN, incarnation=5, start_after=10) as s:
+        assert read_all(s) == [] and s.floor == 10
+        s.append_many(events(11, 2, prev=10))
+        assert [e[0] for e in read_all(s)] == [11, 12]
+    assert len(list(tmp_path.glob("set-aside-5-*"))) == 1
+
+
+def test_a_spool_of_an_older_format_is_set_aside(tmp_path: Path) -> None:
+    (tmp_path / ss.STATE_FILE).write_text('{"version": 1, "floor": 9, "trimmed_upto": 9}')
+    (tmp_path / sf.segment_name(10)).write_bytes(b"DRGSPL\x01\x00" + b"\x00" * 40)
+    with Spool.open(tmp_path, **OPEN, incarnation=3, start_after=2) as s:
+        assert (s.floor, s.incarnation, read_all(s)) == (2, 3, [])
+    (aside,) = tmp_path.glob("set-aside-unknown-*")
+    assert {p.name for p in aside.iterdir()} == {ss.STATE_FILE, sf.segment_name(10)}
+
+
+def test_segments_without_a_state_are_set_aside(tmp_path: Path) -> None:
+    with Spool.open(tmp_path, **OPEN, incarnation=3) as s:
+        s.append_many(events(1, 3))
+    (tmp_path / ss.STATE_FILE).unlink()
+    with Spool.open(tmp_path, **OPEN, incarnation=3, start_after=3) as s:
+        assert read_all(s) == []
+    assert len(list(tmp_path.glob("set-aside-*"))) == 1
+
+
+def test_a_gap_in_the_appended_stream_raises_the_floor(tmp_path: Path) -> None:
+    with Spool.open(tmp_path, **OPEN) as s:
+        s.append_many(events(1, 5))
+        s.append_many(events(20, 3, prev=12))  # 6-12 never reached the spool
+        assert s.floor == 12 and s.needs_resync(11) and not s.needs_resync(12)
+        assert s.statistics().held_upto == 22
+    with Spool.open(tmp_path, **OPEN) as s:
+        assert s.floor == 12
+
+
+def test_lag_counts_unacked_records_from_the_index(tmp_path: Path) -> None:
+    with Spool.open(tmp_path, max_bytes=1 << 24, segment_bytes=1 << 18, fsync="never") as s:
+        assert s.lag(0) == (0, None)
+        evs = events(1, 5000, size=100, step=2)
+        s.append_many(evs)
+        assert s.statistics().segments > 2
+        for k in (0, 1, 777, 2600, 4998):
+            assert s.lag(evs[k][0]) == (4999 - k, evs[k + 1][1])
+            assert s.lag(evs[k][0] + 1) == s.lag(evs[k][0])  # between two seqs
+            assert s.lag(evs[k][0] - 1) == (5000 - k, evs[k][1])
+        s.trim(evs[3000][0])
+        assert s.lag(0) == (1999, evs[3001][1])
+        assert s.lag(evs[-1][0]) == (0, None)
+
+
+# --- a failing disk ------------------------------------------------------------------
+
+
+class FailingDisk:
+    """Replaces ``os.write``: writes to segment files (and, with ``state``,
+    to the state file) succeed for ``budget`` more bytes, then fail with
+    ``error`` after writing what fits."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, error: int = errno.ENOSPC) -> None:
+        self.real = os.write
+        self.budget: int | None = None  # None: no limit
+        self.state = False
+        self.error = error
+        monkeypatch.setattr(os, "write", self.write)
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        limited = target.endswith(".seg") or (self.state and ss.STATE_FILE in target)
+        if self.budget is None or not limited:
+            return self.real(fd, data)
+        if self.budget <= 0:
+            raise OSError(self.error, os.strerror(self.error))
+        n = self.real(fd, bytes(data[: self.budget]))
+        self.budget -= n
+        return n
+
+
+def test_disk_full_raises_the_floor_and_never_lies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    disk = FailingDisk(monkeypatch)
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 16, fsync="batch") as s:
+        s.append_many(events(1, 16))
+        (seg,) = seg_files(tmp_path)
+        size = seg.stat().st_size
+        disk.budget = sf.HEADER_SIZE + 50  # a record and a half
+        s.append_many(events(17, 24, prev=16))  # does not raise
+        s.append_many(events(41, 5, prev=40))  # still full: lost as well, logged once
+        st_ = s.statistics()
+        assert (st_.last_seq, st_.floor, st_.write_errors) == (16, 45, 2)
+        assert seg.stat().st_size == size == st_.bytes  # the partial record was cut off
+        assert s.needs_resync(16) and not s.needs_resync(45)
+        assert caplog.text.count("spool.write failed") == 1
+        disk.budget = None  # space freed
+        s.append_many(events(46, 3, prev=45))
+        assert "spool.write recovered" in caplog.text
+        assert [e[0] for e in s.read_after(45)] == [46, 47, 48]
+    with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 16) as s:
+        assert s.floor == 45  # persisted
+        assert s.needs_resync(10)
+        assert [e[0] for e in read_all(s)] == [*range(1, 17), 46, 47, 48]
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO, errno.EFBIG])
+def test_a_failed_write_of_the_state_too_is_caught_up_by_the_chain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: int
+) -> None:
+    disk = FailingDisk(monkeypatch, error=error)
+    with Spool.open(tmp_path, max_bytes=8192, segment_bytes=1024, fsync="never") as s:
+        s.append_many(events(1, 10))
+        disk.budget, disk.state = 0, True
+        s.append_many(events(11, 40, prev=10))  # rolls segments: none may stay empty
+        assert s.floor == 50 and s.statistics().write_errors >= 1
+        assert s.statistics().last_seq == 10
+        disk.budget = None
+        s.append_many(events(51, 2, prev=50))
+    with Spool.open(tmp_path, max_bytes=8192, segment_bytes=1024) as s:
+        assert s.floor == 50 and s.needs_resync(49)
+        assert [e[0] for e in read_all(s)] == [*range(1, 11), 51, 52]
+
+
+def test_a_file_size_limit_is_a_failed_write(tmp_path: Path) -> None:
+    # The real thing: RLIMIT_FSIZE makes the kernel cut a write short, then fail it (EFBIG).
+    script = f"""
+import json, resource, signal
+from gateway.spool import Spool
+evs = lambda a, b, p: [(s, s, b"x" * 40, p if s == a else s - 1) for s in range(a, b + 1)]
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+with Spool.open({str(tmp_path)!r}, max_bytes=1 << 20, segment_bytes=1 << 16) as s:
+    s.append_many(evs(1, 16, 0))
+    size = s.statistics().bytes
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 60, resource.RLIM_INFINITY))
+    s.append_many(evs(17, 40, 16))
+    first = s.statistics()
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+with Spool.open({str(tmp_path)!r}, max_bytes=1 << 20, segment_bytes=1 << 16) as s:
+    print(json.dumps([first.last_seq, first.floor, first.write_errors, size,
+                      s.statistics().last_seq, s.floor, s.needs_resync(10)]))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        timeout=60,
+    )
+    last, floor, errors, size, last_after, floor_after, resync = json.loads(out.stdout)
+    assert (last, floor, errors) == (16, 40, 1)
+    assert (last_after, floor_after, resync) == (16, 40, True)
+    assert (tmp_path / sf.segment_name(1)).stat().st_size == size
 
 
 # --- recovery -------------------------------------------------------------------
@@ -205,8 +422,8 @@ def test_torn_tail_at_every_byte_of_the_last_record(
             assert read_all(s) == evs[:-1]
             assert s.statistics().last_seq == 19
             assert not s.overflowed
-            s.append_many(events(20, 2, size=30))  # the spool goes on after the cut
-            assert read_all(s) == evs[:-1] + events(20, 2, size=30)
+            s.append_many(events(20, 2, size=30, prev=19))  # the spool goes on after the cut
+            assert read_all(s) == evs[:-1] + events(20, 2, size=30, prev=19)
         assert (work / seg.name).stat().st_size == len(full) + last_len
         if cut > start:
             assert "torn-tail" in caplog.text
@@ -274,7 +491,7 @@ def test_crash_leftovers_are_cleaned(tmp_path: Path) -> None:
     (tmp_path / sf.segment_name(99)).write_bytes(b"DRG")  # crashed before the preamble
     with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1024) as s:
         assert [p.name for p in seg_files(tmp_path)] == [sf.segment_name(1)]
-        s.append_many(events(99, 1))
+        s.append_many(events(99, 1, prev=5))
         assert read_all(s)[-1][0] == 99
 
 
@@ -295,7 +512,7 @@ def test_fsync_policy(
         calls.clear()  # opening a new spool syncs its state file
         before = s.statistics().fsyncs
         for i in range(3):
-            s.append_many(events(1 + 10 * i, 10))
+            s.append_many(events(1 + 10 * i, 10, prev=10 * i))
         assert len(calls) == expected
         assert s.statistics().fsyncs - before == expected
         assert s.statistics().fsync == policy.value
@@ -320,6 +537,7 @@ class SpoolMachine(RuleBasedStateMachine):
         self.spool = Spool.open(self.dir, max_bytes=self.MAX, segment_bytes=self.SEG, fsync="never")
         self.model: list[Event] = []
         self.next_seq = 1
+        self.last = 0  # the seq of the last event appended
         self.trimmed = 0
 
     def teardown(self) -> None:
@@ -338,7 +556,8 @@ class SpoolMachine(RuleBasedStateMachine):
     def append(self, sizes: list[int], gaps: list[int]) -> None:
         batch = []
         for size, gap in zip(sizes, gaps, strict=False):
-            batch.append((self.next_seq, self.next_seq * 7, os.urandom(size)))
+            batch.append((self.next_seq, self.next_seq * 7, os.urandom(size), self.last))
+            self.last = self.next_seq
             self.next_seq += gap
         self.spool.append_many(batch)
         self.model.extend(batch)
@@ -370,7 +589,9 @@ class SpoolMachine(RuleBasedStateMachine):
 
     @invariant()
     def contents_match(self) -> None:
-        assert read_all(self.spool) == self.expected()
+        want = self.expected()
+        assert read_all(self.spool) == want
+        assert self.spool.lag(0) == (len(want), want[0][1] if want else None)
 
     @invariant()
     def bounded(self) -> None:

@@ -86,6 +86,31 @@ def test_the_event_is_one_replicated_command_at_the_commands_cseq() -> None:
     ) == ("site-p", 42, site.state.cseq, 3, 777)
 
 
+def test_each_event_names_the_event_forwarded_before_it() -> None:
+    site = Site()
+    first = site.run(pc.QueueDeclare("f.q"))
+    site.run(pc.QueueDeclare("n.q"))  # filtered: no event, and not a predecessor
+    site.run(pc.QueueDeclare("n.r"))
+    second = site.run(pc.QueueDeclare("e.q"))
+    assert first is not None and second is not None
+    assert first.prev_seq == 0  # nothing forwarded before, in this incarnation
+    assert second.seq == first.seq + 3
+    assert second.prev_seq == first.seq
+
+
+def test_after_a_join_the_first_event_follows_the_join_point() -> None:
+    # A sidecar that joins (or rejoins) at cseq J does not know what was
+    # forwarded before J: its first event says J, the spool's floor.
+    site = Site()
+    site.run(pc.QueueDeclare("f.q"))
+    site.run(pc.QueueDeclare("n.q"))
+    join = site.state.cseq
+    site.tap.resync_rules(site.state)
+    event = site.run(pc.QueueDeclare("e.q"))
+    assert event is not None
+    assert (event.seq, event.prev_seq) == (join + 1, join)
+
+
 @pytest.mark.parametrize(("queue", "mode"), QUEUES.items())
 def test_declare_crosses_in_every_mode_but_none(queue: str, mode: Mode) -> None:
     site = Site()

@@ -102,6 +102,7 @@ def full_snapshot() -> SidecarStatistics:
             needs_resync=False,
             first_seq=80,
             last_seq=100,
+            write_errors_total=0,
         ),
         merge={
             "r1_duplicates": 3,

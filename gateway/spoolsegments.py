@@ -1,0 +1,185 @@
+"""The spool's segment files as one log: appending, rolling, dropping, reading.
+
+Theory of operation
+-------------------
+:class:`SegmentSet` owns the segment files of a spool directory
+(gateway/spoolfile.py: their format) and their in-memory index: the list of
+:class:`~gateway.spoolfile.Segment`, their last seqs (for bisect), their
+bytes, and the active (last) segment open for append.  It knows nothing of
+the floor, the watermark or the bound (gateway/spool.py keeps that policy).
+
+An index changes only after the bytes it describes were written:
+:meth:`SegmentSet.write` writes a buffer of encoded records and then indexes
+them; a write that fails part-way is cut back off the file (or, if even that
+fails, the segment is closed for appending and the next open cuts its torn
+tail), so memory never says more than the disk holds.
+
+Everything is synchronous file I/O on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import os
+from pathlib import Path
+
+from gateway import spoolfile as sf
+from gateway.spoolfile import Event, FsyncPolicy, Segment
+
+
+class SegmentSet:
+    """The segments of one spool directory, oldest first."""
+
+    def __init__(self, directory: Path, fsync: FsyncPolicy, dir_fd: int) -> None:
+        self.directory = directory
+        self.fsync = fsync
+        self.dir_fd = dir_fd
+        self.segments: list[Segment] = []
+        self.last_seqs: list[int] = []  # mirror of segment.last_seq, for bisect
+        self.fd: int | None = None  # the active (last) segment, open for append
+        self.bytes = 0
+        self.last_seq: int | None = None
+        self.appended = 0
+        self.fsyncs = 0
+        self.dirty = False  # written since the last fsync of the active segment
+
+    def adopt(self, segments: list[Segment]) -> None:
+        """Take the segments a scan found; the last one becomes the active one."""
+        self.segments = segments
+        self.last_seqs = [seg.last_seq for seg in segments]
+        self.bytes = sum(seg.size for seg in segments)
+        if segments:
+            self.last_seq = segments[-1].last_seq
+            self.fd = os.open(segments[-1].path, os.O_WRONLY | os.O_APPEND)
+
+    def forget(self) -> None:
+        """Close and forget every segment, leaving the files (to be set aside)."""
+        self.close_active()
+        self.segments, self.last_seqs, self.bytes, self.last_seq = [], [], 0, None
+
+    @property
+    def active(self) -> Segment | None:
+        return self.segments[-1] if self.fd is not None else None
+
+    @property
+    def records(self) -> int:
+        return sum(s.count for s in self.segments)
+
+    # --- writing ----------------------------------------------------------------
+
+    def write(self, pending: bytearray, notes: list[tuple[int, int]]) -> None:
+        """Write ``pending`` (the records of ``notes``: (seq, offset)) at the end
+        of the active segment, then index them, and clear both.  Raises the
+        write's ``OSError`` after cutting off what part of it reached the file."""
+        if not pending:
+            return
+        assert self.fd is not None
+        seg = self.segments[-1]
+        try:
+            with memoryview(pending) as whole:
+                done = 0
+                while done < len(whole):
+                    done += os.write(self.fd, whole[done:])
+        except OSError:
+            self._cut_partial(seg)
+            raise
+        for seq, offset in notes:
+            seg.note_record(seq, offset, seg.count)
+            seg.count += 1
+        seg.last_seq = self.last_seqs[-1] = self.last_seq = notes[-1][0]
+        self.appended += len(notes)
+        self.bytes += len(pending)
+        seg.size += len(pending)
+        self.dirty = True
+        pending.clear()
+        notes.clear()
+
+    def _cut_partial(self, seg: Segment) -> None:
+        try:
+            assert self.fd is not None
+            os.ftruncate(self.fd, seg.size)
+        except OSError:
+            self.close_active(sync=False)  # the next open cuts the torn tail
+
+    def roll(self, first_seq: int, incarnation: int) -> None:
+        """Close the active segment and start a new one named ``first_seq``."""
+        self.close_active()
+        path = self.directory / sf.segment_name(first_seq)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        try:
+            if os.write(fd, sf.preamble(incarnation)) != sf.PREAMBLE_SIZE:
+                raise OSError(errno.ENOSPC, "short write of a segment preamble")
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        self.fd = fd
+        self.segments.append(Segment(path, first_seq, first_seq, sf.PREAMBLE_SIZE, 0))
+        self.last_seqs.append(first_seq)
+        self.bytes += sf.PREAMBLE_SIZE
+        self.dirty = True
+        self.sync_dir()
+
+    def drop_empty_active(self) -> None:
+        """A segment rolled for a batch that failed holds nothing: drop it (its name would lie)."""
+        if self.fd is not None and self.segments[-1].count == 0:
+            self.close_active(sync=False)
+            seg = self.segments.pop()
+            self.last_seqs.pop()
+            self.bytes -= seg.size
+            seg.path.unlink(missing_ok=True)
+
+    def drop_head(self) -> Segment:
+        """Delete the oldest segment (closing it if it is the active one)."""
+        if len(self.segments) == 1:
+            self.close_active()
+        seg = self.segments.pop(0)
+        self.last_seqs.pop(0)
+        self.bytes -= seg.size
+        seg.path.unlink(missing_ok=True)
+        return seg
+
+    def close_active(self, *, sync: bool = True) -> None:
+        fd, self.fd = self.fd, None
+        if fd is None:
+            return
+        try:
+            if sync and self.dirty and self.fsync is not FsyncPolicy.NEVER:
+                self.fdatasync(fd)
+        finally:
+            os.close(fd)
+            self.dirty = False
+
+    def sync_active(self) -> None:
+        if self.fd is not None and self.dirty:
+            self.fdatasync(self.fd)
+            self.dirty = False
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+        self.fsyncs += 1
+
+    def sync_dir(self) -> None:
+        if self.fsync is not FsyncPolicy.NEVER:
+            os.fsync(self.dir_fd)
+
+    # --- reading ------------------------------------------------------------------
+
+    def read_after(self, after: int, max_bytes: int) -> list[Event]:
+        """Events above ``after``, at least one if any, within ``max_bytes`` of records."""
+        i = bisect.bisect_right(self.last_seqs, after)
+        out: list[Event] = []
+        budget = max_bytes
+        while i < len(self.segments) and (budget > 0 or not out):
+            budget = sf.read_segment(self.segments[i], after, budget, out)
+            i += 1
+        return out
+
+    def count_after(self, after: int) -> tuple[int, int | None]:
+        """(records above ``after``, time_us of the first), or ``(0, None)``."""
+        i = bisect.bisect_right(self.last_seqs, after)
+        if i == len(self.segments):
+            return 0, None
+        below, time_us = sf.first_above(self.segments[i], after)
+        return sum(s.count for s in self.segments[i:]) - below, time_us
