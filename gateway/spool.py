@@ -222,7 +222,7 @@ class Spool:
         if why:
             ss.set_aside(self.directory, label, why)
             self._segs.sync_dir()
-        if marks is None or why:  # a new spool: its floor is a promise, kept across restarts
+        if marks is None or why:  # a new spool: its floor is a promise kept across restarts
             begin = start_after or 0
             self._marks = Watermarks(begin, begin, incarnation or 0)
             self._save_state()
@@ -440,10 +440,6 @@ class Spool:
     def held_upto(self) -> int:
         """The spool holds every event in ``(floor, held_upto]``."""
         return max(self._marks.floor, self._segs.last_seq or 0)
-
-    @property
-    def incarnation(self) -> int:
-        return self._marks.incarnation
 
     @property
     def overflowed(self) -> bool:

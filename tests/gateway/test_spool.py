@@ -257,7 +257,7 @@ def test_a_spool_of_an_older_format_is_set_aside(tmp_path: Path) -> None:
     (tmp_path / ss.STATE_FILE).write_text('{"version": 1, "floor": 9, "trimmed_upto": 9}')
     (tmp_path / sf.segment_name(10)).write_bytes(b"DRGSPL\x01\x00" + b"\x00" * 40)
     with Spool.open(tmp_path, **OPEN, incarnation=3, start_after=2) as s:
-        assert (s.floor, s.incarnation, read_all(s)) == (2, 3, [])
+        assert (s.floor, s.statistics().incarnation, read_all(s)) == (2, 3, [])
     (aside,) = tmp_path.glob("set-aside-unknown-*")
     assert {p.name for p in aside.iterdir()} == {ss.STATE_FILE, sf.segment_name(10)}
 
@@ -526,7 +526,10 @@ def test_default_fsync_is_batch() -> None:
 
 
 class SpoolMachine(RuleBasedStateMachine):
-    """Random appends, trims, reads and reopens against a list of events."""
+    """Random appends (some on a full disk), trims, reads, reopens, rejoins and
+    new incarnations against a list of events.  The honesty invariant: every
+    event above the floor that was appended is read back, and every event
+    that was not (a failed write, a join point) is at or below the floor."""
 
     MAX = 6000
     SEG = 1500
@@ -534,38 +537,89 @@ class SpoolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="spool-model-"))
-        self.spool = Spool.open(self.dir, max_bytes=self.MAX, segment_bytes=self.SEG, fsync="never")
-        self.model: list[Event] = []
+        self.incarnation = 9
+        self.spool = self.open()
+        self.model: list[Event] = []  # appended and written
         self.next_seq = 1
-        self.last = 0  # the seq of the last event appended
+        self.last = 0  # the seq of the last event produced (as the tap's prev_seq)
         self.trimmed = 0
+        self.min_floor = 0  # the floor must be at least this: failed writes, join points
+
+    def open(self, start_after: int | None = None) -> Spool:
+        return Spool.open(
+            self.dir,
+            max_bytes=self.MAX,
+            segment_bytes=self.SEG,
+            fsync="never",
+            incarnation=self.incarnation,
+            start_after=start_after,
+        )
 
     def teardown(self) -> None:
         self.spool.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def expected(self, after: int = 0) -> list[Event]:
-        lost = self.spool.statistics().lost_upto or 0
-        floor = max(after, self.trimmed, lost)
-        return [e for e in self.model if e[0] > floor]
+        """What the spool should return: written, above the watermark, and not
+        in a segment an overflow dropped (those are a prefix)."""
+        first = self.spool.statistics().first_seq
+        lowest = first if first is not None else self.next_seq
+        return [e for e in self.model if e[0] > max(after, self.trimmed) and e[0] >= lowest]
+
+    def batch(self, sizes: list[int], gaps: list[int]) -> list[Event]:
+        out = []
+        for size, gap in zip(sizes, gaps, strict=False):
+            out.append((self.next_seq, self.next_seq * 7, os.urandom(size), self.last))
+            self.last = self.next_seq
+            self.next_seq += gap
+        return out
 
     @rule(
         sizes=st.lists(st.integers(0, 400), min_size=1, max_size=20),
         gaps=st.lists(st.integers(1, 5), min_size=20, max_size=20),
     )
     def append(self, sizes: list[int], gaps: list[int]) -> None:
-        batch = []
-        for size, gap in zip(sizes, gaps, strict=False):
-            batch.append((self.next_seq, self.next_seq * 7, os.urandom(size), self.last))
-            self.last = self.next_seq
-            self.next_seq += gap
+        batch = self.batch(sizes, gaps)
         self.spool.append_many(batch)
         self.model.extend(batch)
+
+    @rule(
+        sizes=st.lists(st.integers(0, 400), min_size=1, max_size=10),
+        gaps=st.lists(st.integers(1, 5), min_size=10, max_size=10),
+        budget=st.integers(0, 600),
+        state_fails=st.booleans(),
+    )
+    def append_on_a_full_disk(
+        self, sizes: list[int], gaps: list[int], budget: int, state_fails: bool
+    ) -> None:
+        batch = self.batch(sizes, gaps)
+        real = os.write
+        left = [budget]
+
+        def write(fd: int, data: bytes | memoryview) -> int:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if not (target.endswith(".seg") or (state_fails and ss.STATE_FILE in target)):
+                return real(fd, data)
+            if left[0] <= 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            n = real(fd, bytes(data[: left[0]]))
+            left[0] -= n
+            return n
+
+        os.write = write  # type: ignore[assignment]
+        try:
+            self.spool.append_many(batch)
+        finally:
+            os.write = real
+        written = {e[0] for e in read_all(self.spool)}
+        self.model.extend(e for e in batch if e[0] in written)
+        if not {e[0] for e in batch} <= written:
+            self.min_floor = max(self.min_floor, batch[-1][0])
 
     @precondition(lambda self: self.model)
     @rule(data=st.data())
     def trim(self, data: st.DataObject) -> None:
-        upto = data.draw(st.integers(0, self.next_seq))
+        upto = data.draw(st.integers(0, self.last))  # D acks only what was produced
         self.spool.trim(upto)
         self.trimmed = max(self.trimmed, upto)
 
@@ -584,8 +638,29 @@ class SpoolMachine(RuleBasedStateMachine):
 
     @rule()
     def reopen(self) -> None:
+        """A restart: the sidecar joins again where the stream is.  (Without a
+        join point, a failed write whose state could not be saved either and
+        that no later record follows would be forgotten.)"""
         self.spool.close()
-        self.spool = Spool.open(self.dir, max_bytes=self.MAX, segment_bytes=self.SEG, fsync="never")
+        self.spool = self.open(start_after=self.last)
+
+    @rule(gap=st.integers(0, 30))
+    def rejoin(self, gap: int) -> None:
+        """The sidecar was down while the stream went on; it joins again."""
+        join = self.next_seq - 1 + gap
+        self.spool.close()
+        self.spool = self.open(start_after=join)
+        self.last, self.next_seq = join, join + 1
+        self.min_floor = max(self.min_floor, join)
+
+    @rule(gap=st.integers(0, 30))
+    def new_incarnation(self, gap: int) -> None:
+        """The whole site restarted as a new incarnation, numbering from ``gap``."""
+        self.incarnation += 1
+        self.spool.close()
+        self.spool = self.open(start_after=gap)
+        self.model, self.trimmed, self.min_floor = [], gap, gap
+        self.last, self.next_seq = gap, gap + 1
 
     @invariant()
     def contents_match(self) -> None:
@@ -594,13 +669,21 @@ class SpoolMachine(RuleBasedStateMachine):
         assert self.spool.lag(0) == (len(want), want[0][1] if want else None)
 
     @invariant()
+    def honest(self) -> None:
+        floor = self.spool.floor
+        assert floor >= max(self.min_floor, self.trimmed)
+        above = [e for e in self.model if e[0] > floor]
+        assert [e for e in read_all(self.spool) if e[0] > floor] == above
+        assert all(self.spool.needs_resync(r) == (r < floor) for r in (0, floor - 1, floor))
+
+    @invariant()
     def bounded(self) -> None:
         stats = self.spool.statistics()
         assert stats.bytes <= self.MAX + self.SEG + sf.HEADER_SIZE + 400
         assert stats.bytes == sum(p.stat().st_size for p in self.dir.glob("*.seg"))
         lost = stats.lost_upto or 0
         assert stats.overflowed == (lost > self.trimmed)
-        assert stats.needs_resync == (max(lost, self.trimmed) > self.trimmed)
+        assert stats.needs_resync == (stats.floor > self.trimmed)
 
 
 TestSpoolModel = SpoolMachine.TestCase
