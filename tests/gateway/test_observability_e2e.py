@@ -150,7 +150,7 @@ def replay(address: tuple[str, int], incarnation: int, events: list[tuple[int, i
                     break
                 if isinstance(ev, link.Welcome):
                     resume = ev.resume_from
-                    for i, (_, time_us, payload) in enumerate(events, start=1):
+                    for i, (_, time_us, payload, _prev) in enumerate(events, start=1):
                         sender.send_event(link.LinkEvent(resume + i, time_us, payload))
                     target = resume + len(events)
                 elif isinstance(ev, link.Acked):
