@@ -42,7 +42,9 @@ NeedData = _NeedData
 
 @dataclass(frozen=True, slots=True)
 class EventsReceived:
-    """Receiver: new events, in order, every seq above all seqs handed up before."""
+    """Receiver: new events, in order, every seq above all seqs handed up before,
+    each continuous: its ``prev_seq`` at or below what the receiver held
+    (resume point, last seq handed up, or resync cut) when it came."""
 
     events: tuple[LinkEvent, ...]
     duplicates: int = 0

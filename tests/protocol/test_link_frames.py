@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import pathlib
+import re
 import struct
 import sys
 from typing import Any
@@ -499,6 +500,12 @@ def test_random_payload_under_a_valid_crc_raises_only_typed_errors(
     forged = frame_bytes(FrameType(good[3]), bytes(payload), good[4])
     with contextlib.suppress(RemoteProtocolError):
         decode_frame_untrusted(forged)
+
+
+def test_docs_list_every_error_code() -> None:
+    text = (ROOT / "docs" / "protocol.md").read_text()
+    for code in LinkErrorCode:
+        assert re.search(rf"^\| {int(code)} +\| {code.name} +\|", text, re.M), code.name
 
 
 def test_protocol_link_imports_nothing_impure() -> None:
