@@ -40,8 +40,8 @@ damaged frames (magic, version, CRC, flags, malformed payloads), an older
 minor version, oversize frames (before buffering them), frames out of place in
 the state table, batches of another epoch, seqs going backwards inside a
 batch, gaps, resync chunks out of order, and a sender overrunning the window
-it was granted.  After
-that error it stays failed: every further call raises the same error class.
+it was granted.  After that error it stays failed: every further call raises
+the same error class.
 
 Time is a float in seconds from a monotonic clock, passed in.  The peer counts
 as heard at the first ``data_to_send(now)``/``tick(now)`` after one of its
@@ -190,7 +190,7 @@ class ReceiverStatistics:
     state: str
     events: int  # handed up
     duplicates: int  # dropped: seq at or below the last handed-up seq
-    gaps: int  # batches refused because an event's prev_seq was missing here (GAP)
+    gaps: int  # events refused because their prev_seq was not here (GAP; one ends a connection)
     batches: int
     bytes_received: int
     bytes_sent: int
