@@ -127,6 +127,8 @@ class Egress:
         self.status = LinkStatus()
         self.acked_seq = 0
         self._refusal = ""  # the last non-retriable refusal by D, until a WELCOME
+        self._force_resync = False  # D found a gap: resync until a cut is acked
+        self.gaps = 0  # gaps D reported
         self._sender_stats: link.SenderStatistics | None = None
         self._last_watermark = -WATERMARK_INTERVAL_S
         self._waiting: trio.CancelScope | None = None
@@ -279,6 +281,8 @@ class Egress:
             elif isinstance(ev, link.PongReceived):
                 self.status.rtt = ev.rtt
             elif isinstance(ev, link.PeerError):
+                if ev.code == link.LinkErrorCode.GAP:
+                    self._gap_reported(address, ev.text)
                 raise LinkError(
                     f"{address} refused the link: {ev.text}", code=ev.code, retriable=ev.retriable
                 )
@@ -287,15 +291,23 @@ class Egress:
             elif isinstance(ev, link.ConnectionClosed):
                 raise DrgateError(f"{address} closed the link")
 
+    def _gap_reported(self, address: str, text: str) -> None:
+        """D refused a discontinuity: events it needs are not in this spool
+        (lost below the link), so the next connection resyncs."""
+        self.gaps += 1
+        self._force_resync = True
+        log.error("egress: %s found a gap in the stream (%s); resyncing it", address, text)
+
     async def _welcomed(self, session: _Session, ev: link.Welcome) -> None:
         session.welcomed = True
         self.status.state = "up"
         self._refusal = ""
         session.last_queued = ev.resume_from
         # D applied nothing of this incarnation (a new D, or one that accepted
-        # a new incarnation), or less than the spool reaches back to: a
-        # snapshot cut at our cseq.
-        if ev.resume_from == 0 or self._spool_now().needs_resync(ev.resume_from):
+        # a new incarnation), less than the spool reaches back to, or found a
+        # gap in what the spool sent: a snapshot cut at our cseq.
+        spool = self._spool_now()
+        if self._force_resync or ev.resume_from == 0 or spool.needs_resync(ev.resume_from):
             session.last_queued = await self._send_resync(session, ev.resume_from)
         log.info("egress: link up to %s, resuming after %d", session.address, session.last_queued)
 
@@ -305,6 +317,7 @@ class Egress:
             resync.chunks_done = ev.resync_chunks
             if ev.seq >= resync.cut:
                 resync.active = False
+                self._force_resync = False
                 log.info("egress: resync cut at %d applied by D", ev.seq)
         self.acked_seq = ev.seq
         self._spool_now().trim(ev.seq)
@@ -363,6 +376,7 @@ class Egress:
             spool=None if spool is None else spool.statistics(),
             sender=self._sender_stats,
             ended=self.status.ended,
+            gaps_total=self.gaps,
         )
 
 

@@ -53,6 +53,8 @@ INGRESS_BATCH_COMMANDS = 2000
 # Link batches decoded and waiting for the applier: the bound that makes a
 # slow D bus backpressure the link (the receiver then stops reading).
 APPLY_QUEUE = 8
+# How long a refused egress gets to take the ERROR frame before the link closes.
+REFUSAL_GRACE_S = 5.0
 # How long the loop waits for bytes when the link machine has no deadline.
 IDLE_WAIT_S = 1.0
 
@@ -221,28 +223,47 @@ class _Connection:
         self.accepted = False  # this connection's HELLO was accepted
 
     async def run(self, stream: trio.abc.Stream) -> None:
-        ingress, receiver = self.ingress, self.receiver
+        ingress = self.ingress
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._applier)
-                while True:
-                    now = trio.current_time()
-                    out = receiver.data_to_send(now)
-                    if out:
-                        await stream.send_all(out)
-                    ingress._receivers[id(self)] = receiver.statistics()
-                    await self._receive(stream, receiver.tick(now), now)
-                    await self._check_fenced(stream)
-                    await self._handle_events(stream)
+                await self._serve_link(stream)
+        except* RemoteProtocolError as group:
+            first = group.exceptions[0]
+            assert isinstance(first, RemoteProtocolError)
+            await self._refuse(stream, first)
+            raise
         finally:
             if self.accepted:
                 ingress.links_up -= 1
-            ended = ingress._receivers.pop(id(self), None)
-            if ended is not None:
+            if ingress._receivers.pop(id(self), None) is not None:
+                ended = self.receiver.statistics()  # as it ended, the gap included
                 ingress.status.ended.update(
                     bytes_received_wire_total=ended.bytes_received,
                     batches_received_total=ended.batches,
+                    gaps_total=ended.gaps,
                 )
+
+    async def _serve_link(self, stream: trio.abc.Stream) -> None:
+        """The reading loop: send what the receiver has, read, hand events up."""
+        receiver = self.receiver
+        while True:
+            now = trio.current_time()
+            out = receiver.data_to_send(now)
+            if out:
+                await stream.send_all(out)
+            self.ingress._receivers[id(self)] = receiver.statistics()
+            await self._receive(stream, receiver.tick(now), now)
+            await self._check_fenced(stream)
+            await self._handle_events(stream)
+
+    async def _refuse(self, stream: trio.abc.Stream, exc: RemoteProtocolError) -> None:
+        """Tell the egress why the link ends (a gap in the stream makes P
+        resync); a peer that does not take the bytes within the grace period
+        is not waited for."""
+        with trio.move_on_after(REFUSAL_GRACE_S):
+            error = self.receiver.send_error(exc.code, str(exc), retriable=exc.retriable)
+            await stream.send_all(error)
 
     async def _receive(self, stream: trio.abc.Stream, deadline: float | None, now: float) -> None:
         """Until bytes come, an ack is made or the link's next deadline.

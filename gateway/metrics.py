@@ -1,10 +1,9 @@
 """Prometheus metrics and the ``/status`` document, built from typed snapshots.
 
-Theory of operation: the sidecar and the broker keep their counters as plain
-Python data and each hands out a ``statistics()`` snapshot: a frozen
-:class:`cluster.statistics.NodeStatistics` from a broker, a
-:class:`gateway.statistics.SidecarStatistics` (the same plus the sidecar's
-sections) from a sidecar.  Nothing on the hot path touches prometheus-client:
+Theory of operation: the sidecar and the broker keep plain counters and hand
+out a frozen ``statistics()`` snapshot (:class:`cluster.statistics.NodeStatistics`,
+or :class:`gateway.statistics.SidecarStatistics` with the sidecar's sections).
+Nothing on the hot path touches prometheus-client:
 a scrape calls the snapshot function once and :class:`SnapshotCollector`
 turns the snapshot into metric families right then.  The same snapshot feeds
 :func:`status_document` (the ``/status`` JSON), and :class:`RateTracker`
@@ -135,6 +134,8 @@ _LINK_ROWS: tuple[_Row[LinkSection], ...] = (
          lambda s: s.events_received_total),
     _Row("counter", "drgate_link_reconnects_total", "WAN link connections after the first",
          lambda s: s.reconnects_total),
+    _Row("counter", "drgate_link_gaps_total", "Gaps in the link stream (D refuses, P resyncs)",
+         lambda s: s.gaps_total),
     _Row("gauge", "drgate_link_rtt_seconds", "Last measured WAN round-trip time",
          lambda s: s.rtt_seconds),
     _Row("gauge", "drgate_lag_events", "Events sent or spooled and not yet acked by D",
@@ -480,6 +481,7 @@ def status_document(
         "rtt_seconds": link.rtt_seconds if link else None,
         "acked_seq": link.acked_seq if link else None,
         "last_seq": link.last_seq if link else None,
+        "link_gaps_total": link.gaps_total if link else None,
         "rates": dict(rates) if rates is not None else {key: None for key, _ in RATE_COUNTERS},
         "spool": {
             "bytes": spool.bytes if spool else None,

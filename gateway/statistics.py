@@ -84,6 +84,9 @@ class LinkSection:
     # the metric family drgate_link_bytes_received_total{encoding="raw"} is
     # documented beside the wire one, so the field stays.
     bytes_received_total: int | None = None
+    # Discontinuities in the stream: refused by D's receiver (D), answered by
+    # a resync (P).
+    gaps_total: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +178,7 @@ def egress_link_section(
     spool: SpoolStatistics | None,
     sender: SenderStatistics | None,
     ended: Mapping[str, int],
+    gaps_total: int = 0,
 ) -> LinkSection:
     """P's link: ``sender`` is the open connection's snapshot (``None`` when
     none is open), ``ended`` the summed counters of the connections that ended
@@ -196,6 +200,7 @@ def egress_link_section(
         + (sender.bytes_sent if sender else 0),
         batches_sent_total=ended.get("batches_sent_total", 0) + (sender.batches if sender else 0),
         events_sent_total=ended.get("events_sent_total", 0) + (sender.events if sender else 0),
+        gaps_total=gaps_total,
     )
 
 
@@ -211,7 +216,7 @@ def ingress_link_section(
 ) -> LinkSection:
     """D's link: ``receivers`` are the open connections' snapshots, ``ended``
     the summed counters of those that ended (keys ``bytes_received_wire_total``,
-    ``batches_received_total``; a missing key is 0).  ``acked_seq`` is the
+    ``batches_received_total``, ``gaps_total``; a missing key is 0).  ``acked_seq`` is the
     highest of the open connections, ``None`` with none open."""
     return LinkSection(
         state=state,
@@ -224,6 +229,7 @@ def ingress_link_section(
         + sum(r.bytes_received for r in receivers),
         batches_received_total=ended.get("batches_received_total", 0)
         + sum(r.batches for r in receivers),
+        gaps_total=ended.get("gaps_total", 0) + sum(r.gaps for r in receivers),
     )
 
 

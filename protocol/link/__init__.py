@@ -12,7 +12,9 @@ above it, in BATCH frames bounded by a window of unacked bytes.  The receiver
 acks cumulatively once the site applied what it handed up; the sender's
 caller trims its spool by those acks.  A connection that breaks is simply
 dropped: the next one starts with a fresh pair and resumes from the new
-WELCOME, and duplicates are dropped by seq.
+WELCOME, and duplicates are dropped by seq.  Every event carries the seq of
+the previous forwarded event (``prev_seq``), so the receiver refuses a stream
+with a hole in it (``GAP``) instead of applying past it.
 
 ``frames`` holds the wire format (see docs/protocol.md), ``events`` the
 dataclasses exchanged with the layer above, ``sender``/``receiver`` the two
@@ -33,6 +35,7 @@ from protocol.link.events import (
 from protocol.link.frames import (
     DEFAULT_MAX_FRAME_BYTES,
     LINK_MINOR,
+    LINK_MINOR_OLDEST,
     LINK_VERSION,
     Codec,
     FrameType,
@@ -49,6 +52,7 @@ from protocol.link.sender import LinkSender, SenderConfig, SenderState, SenderSt
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "LINK_MINOR",
+    "LINK_MINOR_OLDEST",
     "LINK_VERSION",
     "NEED_DATA",
     "Acked",

@@ -8,7 +8,7 @@ the frame objects themselves (see ``protocol.link.frames``).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,12 +17,18 @@ class LinkEvent:
 
     ``seq`` is the origin cseq (>= 1, strictly increasing along the stream, not
     necessarily contiguous); ``time_us`` the origin commit time in microseconds
-    since the epoch; ``payload`` the encoded command.
+    since the epoch; ``payload`` the encoded command.  ``prev_seq`` is the
+    origin cseq of the previous *forwarded* event of the same incarnation (0
+    when there is none), below ``seq``: the proof of continuity the receiver
+    checks, since the seqs themselves have holes where commands were filtered.
+    It comes from whoever recorded the stream (the spool); 0, the default,
+    claims that nothing was forwarded before, which always passes the check.
     """
 
     seq: int
     time_us: int
     payload: bytes
+    prev_seq: int = field(default=0, kw_only=True)
 
 
 class _NeedData(enum.Enum):
@@ -36,7 +42,9 @@ NeedData = _NeedData
 
 @dataclass(frozen=True, slots=True)
 class EventsReceived:
-    """Receiver: new events, in order, every seq above all seqs handed up before."""
+    """Receiver: new events, in order, every seq above all seqs handed up before,
+    each continuous: its ``prev_seq`` at or below what the receiver held
+    (resume point, last seq handed up, or resync cut) when it came."""
 
     events: tuple[LinkEvent, ...]
     duplicates: int = 0

@@ -65,7 +65,14 @@ LINK_MAGIC: Final = b"DG"
 # different major versions cannot talk; minor versions (announced in HELLO and
 # WELCOME) only add things a peer uses when both sides announce them.
 LINK_VERSION: Final = 1
-LINK_MINOR: Final = 0
+# Minor 1: every event of a BATCH carries ``prev_seq`` (continuity).
+LINK_MINOR: Final = 1
+# The oldest minor version this end talks to.  Minor 1 changed the events
+# block, which a minor-0 peer would misread; since both ends ship in the same
+# release, a minor-0 peer is refused at the handshake (both ends check, so an
+# old peer never sees a new BATCH nor sends an old one) rather than served in
+# the old layout.
+LINK_MINOR_OLDEST: Final = 1
 
 HEADER_SIZE: Final = 13
 # 16 MiB: far above a batch of a few hundred small messages (the usual frame),
@@ -102,8 +109,9 @@ class LinkErrorCode(enum.IntEnum):
     """Codes carried by ERROR frames and by ``ProtocolError.code`` for link errors.
 
     1-19: the bytes or the sequence of frames were wrong (a peer bug or
-    corruption); 20-39: the handshake was refused for a reason the operator
-    must look at or that passes with time.  Wire values: never renumber.
+    corruption) or, for ``GAP``, the stream lost events before the link;
+    20-39: the handshake was refused for a reason the operator must look at
+    or that passes with time.  Wire values: never renumber.
     Unknown codes received from a newer peer are passed up as plain ints.
     """
 
@@ -121,6 +129,9 @@ class LinkErrorCode(enum.IntEnum):
     UNEXPECTED_FRAME = 12
     WINDOW_EXCEEDED = 13
     HEARTBEAT_TIMEOUT = 14
+    GAP = 15
+    """An event's ``prev_seq`` is above everything the receiver holds: events
+    were lost before the link; the sender must resync (retriable)."""
     STALE_EPOCH = 20
     WRONG_CLUSTER = 21
     NOT_ACTIVE = 22
@@ -142,6 +153,19 @@ def remote_error(
 ) -> RemoteProtocolError:
     """A ``RemoteProtocolError`` carrying a link error code."""
     return RemoteProtocolError(f"{message} [{code.name}]", code=int(code), retriable=retriable)
+
+
+def check_minor_untrusted(minor: int, peer: str) -> None:
+    """Refuse a peer whose announced minor version is older than this end can
+    talk to (``UNSUPPORTED_VERSION``, naming both versions).  ``peer`` says
+    which end it is, for the message."""
+    if minor < LINK_MINOR_OLDEST:
+        raise remote_error(
+            LinkErrorCode.UNSUPPORTED_VERSION,
+            f"the {peer} speaks link version {LINK_VERSION}.{minor}, this end speaks "
+            f"{LINK_VERSION}.{LINK_MINOR} and needs {LINK_VERSION}.{LINK_MINOR_OLDEST} or later "
+            "(BATCH events carry prev_seq since 1.1): run the same drgate release at both sites",
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -211,16 +235,21 @@ BATCH = Struct(
 ).compile()
 _BATCH_HEAD: Final = struct.Struct(">IQQIBI")
 
-# One event in an (uncompressed) events block, repeated ``count`` times:
-# 0        8            16          20
-# | seq u64| time_us u64| length u32| payload (length bytes)
+# One event in an (uncompressed) events block, repeated ``count`` times
+# (since minor version 1; minor 0 had no prev_seq):
+# 0        8             16           24          28
+# | seq u64| prev_seq u64| time_us u64| length u32| payload (length bytes)
+# ``prev_seq``: the seq of the previous forwarded event of the incarnation (0:
+# none), below ``seq``; the receiver refuses an event whose prev_seq it does
+# not hold (GAP).
 EVENT = Struct(
     "seq" / Int64ub,
+    "prev_seq" / Int64ub,
     "time_us" / Int64ub,
     "payload" / Prefixed(Int32ub, GreedyBytes),
 ).compile()
 # The hot path walks the block with this; a test checks it agrees with EVENT.
-_EVENT_HEAD: Final = struct.Struct(">QQI")
+_EVENT_HEAD: Final = struct.Struct(">QQQI")
 EVENT_OVERHEAD: Final = _EVENT_HEAD.size
 
 # ACK (receiver -> sender):
@@ -425,7 +454,7 @@ def pack_events(events: Sequence[LinkEvent]) -> bytes:
     pack = _EVENT_HEAD.pack
     parts: list[bytes] = []
     for ev in events:
-        parts.append(pack(ev.seq, ev.time_us, len(ev.payload)))
+        parts.append(pack(ev.seq, ev.prev_seq, ev.time_us, len(ev.payload)))
         parts.append(ev.payload)
     return b"".join(parts)
 
@@ -520,6 +549,11 @@ def _check_increasing(events: Sequence[LinkEvent]) -> None:
     for ev in events:
         if ev.seq <= prev:
             raise LocalProtocolError(f"event seq {ev.seq} after {prev}: seqs must increase")
+        if not 0 <= ev.prev_seq < ev.seq:
+            raise LocalProtocolError(
+                f"event seq {ev.seq} names {ev.prev_seq} as its previous forwarded event: "
+                "prev_seq must lie below seq"
+            )
         prev = ev.seq
 
 
@@ -751,7 +785,8 @@ def _decode_batch(payload: bytes, compressed: bool, max_frame_bytes: int) -> Bat
 
 
 def unpack_events_untrusted(block: bytes, count: int) -> tuple[LinkEvent, ...]:
-    """Split an uncompressed events block into ``count`` events, seqs strictly increasing."""
+    """Split an uncompressed events block into ``count`` events, seqs strictly
+    increasing, each ``prev_seq`` below its ``seq``."""
     unpack = _EVENT_HEAD.unpack_from
     size = EVENT_OVERHEAD
     end = len(block)
@@ -764,7 +799,7 @@ def unpack_events_untrusted(block: bytes, count: int) -> tuple[LinkEvent, ...]:
             raise remote_error(
                 LinkErrorCode.MALFORMED, f"events block truncated after {len(out)} events"
             )
-        seq, time_us, length = unpack(block, pos)
+        seq, prev_seq, time_us, length = unpack(block, pos)
         pos += size
         if pos + length > end:
             raise remote_error(
@@ -774,8 +809,13 @@ def unpack_events_untrusted(block: bytes, count: int) -> tuple[LinkEvent, ...]:
             raise remote_error(
                 LinkErrorCode.OUT_OF_ORDER, f"event seq {seq} after seq {prev} in one batch"
             )
+        if prev_seq >= seq:
+            raise remote_error(
+                LinkErrorCode.MALFORMED,
+                f"event seq {seq} names {prev_seq} as its previous forwarded event",
+            )
         prev = seq
-        append(LinkEvent(seq, time_us, block[pos : pos + length]))
+        append(LinkEvent(seq, time_us, block[pos : pos + length], prev_seq=prev_seq))
         pos += length
     if pos != end:
         raise remote_error(

@@ -6,14 +6,25 @@ One ``LinkReceiver`` lives for one accepted connection.  The caller feeds what
 it reads to ``receive_data`` (``b""`` at EOF) and drains ``next_event()``
 until ``NEED_DATA``:
 
-* :class:`Hello` first.  The caller decides (cluster ids, epoch fencing R7,
-  incarnation, whether it is the active ingress) and calls either
+* :class:`Hello` first (a sender of an older minor version than
+  ``LINK_MINOR_OLDEST`` is refused with ``UNSUPPORTED_VERSION``).  The caller
+  decides (cluster ids, epoch fencing R7, incarnation, whether it is the
+  active ingress) and calls either
   ``accept(resume_from, window_bytes, now)`` with the highest seq already
   applied for that origin incarnation, or ``refuse(code, text, retriable=...)``;
   both return the bytes to write.
 * ``EventsReceived``: events in order, every seq above every seq handed up
   before on this connection (and above ``resume_from``).  Events at or below
-  it are duplicates: dropped and counted, never handed up.
+  it are duplicates: dropped and counted, never handed up.  Every event handed
+  up is *continuous*: its ``prev_seq`` (the previous forwarded event) is at or
+  below what this end holds (the resume point, the last seq handed up, or a
+  resync cut), so no forwarded event between them is missing.  An event whose
+  ``prev_seq`` lies above is a gap: the events of its batch before it are
+  handed up, it and everything after it never are, and once those are taken
+  ``next_event`` raises ``RemoteProtocolError`` with code ``GAP`` (retriable:
+  the sender must resync), which the caller sends back as for any other
+  protocol error.  ``ack`` cannot pass a gap, since it covers only what was
+  handed up.
 * ``ResyncBegin``, ``ResyncChunk`` (in index order), ``ResyncEnd``.
 * ``PeerError``, ``Stalled`` (no frame for ``heartbeat_timeout``),
   ``ConnectionClosed``.
@@ -25,11 +36,12 @@ the next resync chunk.  ``data_to_send(now)`` sends a cumulative ACK once
 seconds after the first unsent ack, and a PONG for each PING.
 
 The receiver refuses, with a typed ``RemoteProtocolError`` and nothing else:
-damaged frames (magic, version, CRC, flags, malformed payloads), oversize
-frames (before buffering them), frames out of place in the state table,
-batches of another epoch, seqs going backwards inside a batch, resync chunks
-out of order, and a sender overrunning the window it was granted.  After
-that error it stays failed: every further call raises the same error class.
+damaged frames (magic, version, CRC, flags, malformed payloads), an older
+minor version, oversize frames (before buffering them), frames out of place in
+the state table, batches of another epoch, seqs going backwards inside a
+batch, gaps, resync chunks out of order, and a sender overrunning the window
+it was granted.  After that error it stays failed: every further call raises
+the same error class.
 
 Time is a float in seconds from a monotonic clock, passed in.  The peer counts
 as heard at the first ``data_to_send(now)``/``tick(now)`` after one of its
@@ -48,6 +60,7 @@ from protocol.link.events import (
     NEED_DATA,
     ConnectionClosed,
     EventsReceived,
+    LinkEvent,
     NeedData,
     PeerError,
     Stalled,
@@ -71,6 +84,7 @@ from protocol.link.frames import (
     ResyncChunk,
     ResyncEnd,
     Welcome,
+    check_minor_untrusted,
     encode_frame,
     remote_error,
 )
@@ -176,6 +190,7 @@ class ReceiverStatistics:
     state: str
     events: int  # handed up
     duplicates: int  # dropped: seq at or below the last handed-up seq
+    gaps: int  # events refused because their prev_seq was not here (GAP; one ends a connection)
     batches: int
     bytes_received: int
     bytes_sent: int
@@ -227,9 +242,12 @@ class LinkReceiver:
         self._heard = False
         self._last_heard = now
         self._stalled_reported = False
+        # a gap found in a batch, raised once the events before it were taken
+        self._gap: RemoteProtocolError | None = None
         # statistics
         self._n_events = 0
         self._n_duplicates = 0
+        self._n_gaps = 0
         self._n_batches = 0
         self._n_acks = 0
         self._n_pings = 0
@@ -349,9 +367,11 @@ class LinkReceiver:
         RemoteProtocolError (only) when the peer broke the protocol."""
         self._failure.check("receiver")
         while not self._events:
-            if self.state is ReceiverState.CLOSED:
-                return NEED_DATA
             try:
+                if self._gap is not None:
+                    raise self._gap
+                if self.state is ReceiverState.CLOSED:
+                    return NEED_DATA
                 frame = self._splitter.next_frame_untrusted()
                 if frame is None:
                     return NEED_DATA
@@ -379,6 +399,7 @@ class LinkReceiver:
                 self._n_pings += 1
                 self._out.append(encode_frame(Pong(frame.timestamp_us)))
             case Hello():
+                check_minor_untrusted(frame.minor, "sender (P's egress)")
                 self.hello = frame
                 self._events.append(frame)
             case ResyncBegin():
@@ -434,28 +455,48 @@ class LinkReceiver:
         self._unacked_bytes = before + size
 
     def _on_batch(self, batch: Batch) -> None:
+        """Hand up the new, continuous events of ``batch``: duplicates are
+        dropped; at the first event whose previous forwarded event is not
+        here, the rest is refused (``GAP``, raised by ``next_event`` once the
+        events before it were taken)."""
         self._check_epoch(batch.epoch, "BATCH")
         self._n_batches += 1
-        events = batch.events
         last = self._last_seq
         dups = 0
-        if events[0].seq <= last:
-            fresh = tuple(ev for ev in events if ev.seq > last)
-            dups = len(events) - len(fresh)
-            self._n_duplicates += dups
-            events = fresh
-            if not events:
-                return
         size = 0
+        fresh: list[LinkEvent] = []
         unacked = self._unacked
-        for ev in events:
+        for ev in batch.events:
+            if ev.seq <= last:
+                dups += 1
+                continue
+            if ev.prev_seq > last:
+                self._n_gaps += 1
+                self._gap = self._gap_error(last, ev)
+                break
             esize = EVENT_OVERHEAD + len(ev.payload)
             size += esize
             unacked.append((ev.seq, esize))
+            fresh.append(ev)
+            last = ev.seq
+        self._n_duplicates += dups
+        if not fresh:
+            return
+        events = batch.events if len(fresh) == len(batch.events) else tuple(fresh)
         self._take_window(size, f"BATCH {events[0].seq}..{events[-1].seq}")
-        self._last_seq = events[-1].seq
+        self._last_seq = last
         self._n_events += len(events)
         self._events.append(EventsReceived(events, dups))
+
+    def _gap_error(self, last: int, ev: LinkEvent) -> RemoteProtocolError:
+        origin = "?" if self.hello is None else self.hello.origin_cluster
+        return remote_error(
+            LinkErrorCode.GAP,
+            f"gap in the stream from {origin}: D holds up to seq {last}; event {ev.seq} says "
+            f"the previous forwarded event is {ev.prev_seq}, so {ev.prev_seq}..{ev.seq} are "
+            f"missing; P must resync",
+            retriable=True,
+        )
 
     def _on_chunk(self, chunk: ResyncChunk) -> None:
         begin = self._resync
@@ -544,6 +585,7 @@ class LinkReceiver:
             state=self.state.value,
             events=self._n_events,
             duplicates=self._n_duplicates,
+            gaps=self._n_gaps,
             batches=self._n_batches,
             bytes_received=self._bytes_received,
             bytes_sent=self._bytes_sent,

@@ -9,9 +9,12 @@ One ``LinkSender`` lives for one connection.  The caller:
    ``next_event()`` until ``NEED_DATA``: first a :class:`Welcome` whose
    ``resume_from`` says where to resume, then ``Acked`` (trim the spool),
    ``PongReceived``, ``PeerError``, ``Stalled``, ``ConnectionClosed``;
+   a ``PeerError`` with code ``GAP`` means D misses events before one that was
+   sent (its ``prev_seq`` is not there): the next connection must resync;
 3. queues events with ``send_event`` (seq strictly above ``resume_from`` and
-   above every event queued before, else ``LocalProtocolError``), or a resync
-   with ``begin_resync`` / ``send_chunk`` / ``end_resync``;
+   above every event queued before, ``prev_seq`` the previous forwarded event
+   of the stream, else ``LocalProtocolError``), or a resync with
+   ``begin_resync`` / ``send_chunk`` / ``end_resync``;
 4. writes what ``data_to_send(now)`` returns, and sleeps until the deadline
    ``tick(now)`` returns (or until more input arrives).
 
@@ -74,6 +77,7 @@ from protocol.link.frames import (
     ResyncEnd,
     Welcome,
     batch_frame_bytes,
+    check_minor_untrusted,
     encode_frame,
     pack_events,
     remote_error,
@@ -272,7 +276,9 @@ class LinkSender:
 
     def send_event(self, event: LinkEvent) -> None:
         """Queue one event for batching.  Its seq must be above ``resume_from``
-        and above every seq queued before (LocalProtocolError otherwise)."""
+        and above every seq queued before, and its ``prev_seq`` below its seq
+        (LocalProtocolError otherwise).  ``prev_seq`` is passed on as given:
+        the receiver checks it (``GAP``)."""
         if event.seq <= self._last_queued_seq:
             floor = (
                 "resume point" if self._last_queued_seq == self.resume_from else "last queued seq"
@@ -283,6 +289,11 @@ class LinkSender:
             )
         if event.seq > U64_MAX or not 0 <= event.time_us <= U64_MAX:
             raise LocalProtocolError(f"event seq {event.seq} or time {event.time_us} out of range")
+        if not 0 <= event.prev_seq < event.seq:
+            raise LocalProtocolError(
+                f"event seq {event.seq} names {event.prev_seq} as its previous forwarded event: "
+                "prev_seq must lie below seq"
+            )
         size = EVENT_OVERHEAD + len(event.payload)
         if size + _BATCH_OVERHEAD > self.config.max_frame_bytes:
             raise LocalProtocolError(
@@ -425,6 +436,7 @@ class LinkSender:
                 )
 
     def _on_welcome(self, w: Welcome) -> None:
+        check_minor_untrusted(w.minor, "receiver (D's ingress)")
         cfg = self.config
         if w.incarnation != cfg.incarnation or w.origin_cluster != cfg.origin_cluster:
             raise remote_error(

@@ -190,3 +190,25 @@ async def test_only_the_egress_connects(
         site.role = SidecarRole.EGRESS
         site.roles.changed()
         await site.next_link()
+
+
+async def test_a_gap_found_by_d_is_healed_by_a_resync(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    site = Site(tmp_path, events=6)
+    site.member.apply(*(pc.QueueDeclare(f"local-{n}") for n in range(6)))  # P's cseq: 7
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 2)
+        await d.next_of(link.EventsReceived)
+        await d.stream.send_all(
+            d.machine.send_error(int(link.LinkErrorCode.GAP), "gap (test)", retriable=True)
+        )
+        # D holds 2, which the spool still reaches: only the gap makes P resync.
+        assert not site.spool.needs_resync(2)
+        _, d = await site.next_link()
+        await accept(d, 2)
+        begin = await d.next_of(link.ResyncBegin)
+        assert begin.cut_seq == site.member.state.cseq
+        assert site.egress.gaps == 1
+        assert site.egress.link_statistics().gaps_total == 1

@@ -157,3 +157,20 @@ async def test_resync_is_applied_at_its_cut_then_acked(
         assert set(member.state.queues) == {"q-full"}  # q-local is not replicated
         assert ingress.status.resync.total == 1
         assert not ingress.status.resync.active
+
+
+async def test_a_hole_in_the_stream_is_refused_not_applied_past(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    member = MemberStandIn("site-d")
+    ingress = make_ingress(tmp_path, member)
+    async with connected(ingress) as end:
+        await hello(end)
+        end.machine.send_event(link.LinkEvent(1, 1_000, replicated(1)))
+        # The forwarded event 2 never left P: 3 says its previous one is 2.
+        end.machine.send_event(link.LinkEvent(3, 3_000, replicated(3), prev_seq=2))
+        error = await end.next_of(link.PeerError)
+        assert error.code == link.LinkErrorCode.GAP
+        assert "resync" in error.text
+    assert member.state.origins["site-p"].applied[INCARNATION] <= 1
+    assert ingress.link_statistics().gaps_total == 1

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from protocol.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from protocol.link import (
+    LINK_MINOR,
     NEED_DATA,
     Acked,
     Codec,
@@ -42,6 +43,7 @@ from protocol.link.frames import (
     FrameType,
     Hello,
     Ping,
+    decode_frame_untrusted,
     encode_frame,
     frame_bytes,
 )
@@ -60,8 +62,18 @@ def sender_config(**kw: Any) -> SenderConfig:
     )
 
 
-def ev(seq: int, size: int = 200) -> LinkEvent:
-    return LinkEvent(seq, 1_000_000 * seq, (b"%08d" % seq) * (size // 8) + b"x" * (size % 8))
+def ev(seq: int, size: int = 200, *, prev: int = 0) -> LinkEvent:
+    payload = (b"%08d" % seq) * (size // 8) + b"x" * (size % 8)
+    return LinkEvent(seq, 1_000_000 * seq, payload, prev_seq=prev)
+
+
+def chain(*seqs: int, prev: int = 0) -> list[LinkEvent]:
+    """Events as P forwards them: each names the one before (the first ``prev``)."""
+    out = []
+    for seq in seqs:
+        out.append(ev(seq, prev=prev))
+        prev = seq
+    return out
 
 
 class LinkPair:
@@ -317,7 +329,7 @@ def test_receiver_refuses_acks_beyond_what_it_handed_up() -> None:
 def test_zstd_used_only_when_it_helps(compressible: bool) -> None:
     pair = LinkPair(sender={"batch_max_events": 100, "linger": 0.0})
     for seq in range(1, 101):
-        payload = b"queue=orders body=" * 11 if compressible else os.urandom(200)
+        payload = b"queue=orders body=" * 11 if compressible else os.urandom(1000)
         pair.sender.send_event(LinkEvent(seq, seq, payload))
     pair.pump(0.0)
     stats = pair.sender.statistics()
@@ -501,6 +513,46 @@ def test_unknown_major_version_is_refused_naming_both_versions() -> None:
     assert isinstance(event, PeerError) and event.code == LinkErrorCode.UNSUPPORTED_VERSION
 
 
+def test_a_sender_of_minor_version_0_is_refused_naming_both_versions() -> None:
+    """Minor 1 added prev_seq to the events block: a minor-0 sender would send
+    batches this end misreads, so its HELLO is refused and it is told why."""
+    assert LINK_MINOR == 1
+    receiver = LinkReceiver(ReceiverConfig("D"), now=0.0)
+    receiver.receive_data(encode_frame(Hello("P", "D", INCARNATION, EPOCH, 0, 1 << 20, minor=0)))
+    with pytest.raises(RemoteProtocolError) as info:
+        receiver.next_event()
+    assert info.value.code == LinkErrorCode.UNSUPPORTED_VERSION
+    assert "sender (P's egress) speaks link version 1.0" in str(info.value)
+    assert "this end speaks 1.1" in str(info.value)
+    assert receiver.hello is None and receiver.state is ReceiverState.ERROR
+    # an old sender still reads the ERROR (its layout did not change)
+    sender = LinkSender(sender_config())
+    sender.start(0.0)
+    sender.receive_data(receiver.send_error(info.value.code, str(info.value), retriable=False))
+    event = sender.next_event()
+    assert isinstance(event, PeerError)
+    assert event.code == LinkErrorCode.UNSUPPORTED_VERSION and "1.0" in event.text
+    # a newer minor is welcome: it knows how to talk to minor 1
+    receiver = LinkReceiver(ReceiverConfig("D"), now=0.0)
+    receiver.receive_data(encode_frame(Hello("P", "D", INCARNATION, EPOCH, 0, 1 << 20, minor=2)))
+    assert isinstance(receiver.next_event(), Hello)
+
+
+def test_a_receiver_of_minor_version_0_is_refused_by_the_sender() -> None:
+    sender = LinkSender(sender_config())
+    hello = decode_frame_untrusted(sender.start(0.0))
+    assert isinstance(hello, Hello) and hello.minor == LINK_MINOR
+    sender.receive_data(encode_frame(Welcome("P", "D", INCARNATION, EPOCH, 0, 1000, minor=0)))
+    with pytest.raises(RemoteProtocolError) as info:
+        sender.next_event()
+    assert info.value.code == LinkErrorCode.UNSUPPORTED_VERSION
+    assert "receiver (D's ingress) speaks link version 1.0" in str(info.value)
+    assert "this end speaks 1.1" in str(info.value)
+    assert sender.state is SenderState.ERROR
+    with pytest.raises(RemoteProtocolError):
+        sender.send_event(ev(1))  # never streams to it
+
+
 def test_oversize_frame_is_refused_from_its_header() -> None:
     pair = LinkPair(receiver={"max_frame_bytes": 64 * 1024})
     header = frame_bytes(FrameType.BATCH, b"")[:5] + (1 << 20).to_bytes(4, "big") + b"\0\0\0\0"
@@ -572,6 +624,200 @@ def test_resync_end_must_match_its_begin() -> None:
 
 
 # ---------------------------------------------------------------------------
+# continuity: every event names the previous forwarded one
+# ---------------------------------------------------------------------------
+
+
+def gap_refusal(pair: LinkPair) -> RemoteProtocolError:
+    """Pump until the receiver refuses a gap; the ERROR goes back as the
+    caller sends any protocol error."""
+    with pytest.raises(RemoteProtocolError) as info:
+        pair.pump()
+    err = info.value
+    assert err.code == LinkErrorCode.GAP and err.retriable
+    assert pair.receiver.state is ReceiverState.ERROR
+    with pytest.raises(RemoteProtocolError):  # stays failed
+        pair.receiver.next_event()
+    pair.sender.receive_data(pair.receiver.send_error(err.code, str(err), retriable=err.retriable))
+    pair.drain_sender()
+    return err
+
+
+def test_prev_seq_travels_with_every_event() -> None:
+    stream = chain(3, 4, 9, 12, prev=1)
+    pair = LinkPair(resume_from=2, sender={"linger": 0.0, "batch_max_events": 3})
+    for event in stream:
+        pair.sender.send_event(event)
+    pair.pump(0.0)
+    assert pair.applied == stream
+    assert [e.prev_seq for e in pair.applied] == [1, 3, 4, 9]
+    assert pair.receiver.statistics().gaps == 0
+
+
+def test_sender_refuses_a_prev_seq_not_below_the_seq() -> None:
+    pair = LinkPair()
+    for prev in (5, 6):
+        with pytest.raises(LocalProtocolError, match="prev_seq must lie below seq"):
+            pair.sender.send_event(ev(5, prev=prev))
+
+
+@pytest.mark.parametrize("batch_max_events", [1, 3, 100])
+def test_a_skipped_event_is_refused_as_a_gap_and_nothing_after_it_is_handed_up(
+    batch_max_events: int,
+) -> None:
+    """A sender that skips one forwarded event (lost between P's spool and D):
+    the events before the hole are handed up, the one after it and everything
+    that follows are not, and P is told to resync."""
+    stream = chain(2, 4, 5, 9, 10, 11, 15)
+    pair = LinkPair(sender={"linger": 0.0, "batch_max_events": batch_max_events})
+    for event in stream:
+        if event.seq != 9:  # the lost one
+            pair.sender.send_event(event)
+    err = gap_refusal(pair)
+    assert [e.seq for e in pair.applied] == [2, 4, 5]
+    assert str(err).startswith(
+        "gap in the stream from P: D holds up to seq 5; event 10 says the previous forwarded "
+        "event is 9, so 9..10 are missing; P must resync"
+    )
+    stats = pair.receiver.statistics()
+    assert (stats.gaps, stats.last_seq, stats.acked_seq, stats.events) == (1, 5, 5, 3)
+    gap = [e for e in pair.sender_events if isinstance(e, PeerError)]
+    assert gap == [PeerError(LinkErrorCode.GAP, str(err), True)]
+    assert pair.sender.state is SenderState.CLOSED
+
+
+def test_ack_cannot_pass_a_gap() -> None:
+    """Events before the gap are handed up and may be acked; the gap is raised
+    once they were taken, and no ack reaches the refused event."""
+    pair = LinkPair(auto_ack=False)
+    pair.receiver.receive_data(
+        encode_frame(Batch(EPOCH, (*chain(1, 2, 3), ev(5, prev=4), ev(6, prev=5))))
+    )
+    got = pair.receiver.next_event()
+    assert isinstance(got, EventsReceived)
+    assert [e.seq for e in got.events] == [1, 2, 3]
+    with pytest.raises(LocalProtocolError, match=r"outside \[0, 3\]"):
+        pair.receiver.ack(5)
+    pair.receiver.ack(3)
+    with pytest.raises(RemoteProtocolError) as info:
+        pair.receiver.next_event()
+    assert info.value.code == LinkErrorCode.GAP
+    with pytest.raises(ProtocolError):
+        pair.receiver.ack(5)
+    assert pair.receiver.statistics().acked_seq == 3
+
+
+def test_a_gap_at_the_head_of_a_batch_hands_up_nothing_of_it() -> None:
+    pair = LinkPair(resume_from=10)
+    pair.receiver.receive_data(encode_frame(Batch(EPOCH, (ev(12, prev=11), ev(13, prev=12)))))
+    with pytest.raises(RemoteProtocolError) as info:
+        pair.drain_receiver()
+    assert info.value.code == LinkErrorCode.GAP
+    assert "D holds up to seq 10; event 12 says the previous forwarded event is 11" in str(
+        info.value
+    )
+    assert pair.applied == []
+    assert pair.receiver.statistics().unacked_bytes == 0
+
+
+def test_prev_at_or_below_the_resume_point_or_a_resync_cut_is_continuous() -> None:
+    # D applied up to 10 (say a resync cut): the next forwarded event may name
+    # an older one, which D's state already covers
+    pair = LinkPair(resume_from=10, sender={"linger": 0.0})
+    for event in chain(12, 13, prev=7):
+        pair.sender.send_event(event)
+    pair.pump(0.0)
+    assert [e.seq for e in pair.applied] == [12, 13]
+    # a resync cut at 500 covers everything below it, forwarded or not
+    pair.sender.begin_resync(500, total_chunks=1, total_bytes=3)
+    pair.sender.send_chunk(b"abc")
+    pair.sender.end_resync()
+    for event in chain(501, 502, prev=300):
+        pair.sender.send_event(event)
+    pair.pump(0.0)
+    assert [e.seq for e in pair.applied] == [12, 13, 501, 502]
+    assert pair.receiver.statistics().gaps == 0
+    # but not an event naming one above the cut that never came
+    pair.sender.send_event(ev(510, prev=505))
+    gap_refusal(pair)
+    assert [e.seq for e in pair.applied] == [12, 13, 501, 502]
+
+
+def test_duplicates_are_dropped_before_continuity_is_checked() -> None:
+    pair = LinkPair(resume_from=10)
+    pair.receiver.receive_data(encode_frame(Batch(EPOCH, tuple(chain(8, 10, 11, 12, prev=5)))))
+    # replayed after a reconnect: duplicates whatever they say before them
+    pair.receiver.receive_data(encode_frame(Batch(EPOCH, (ev(12, prev=11), ev(13, prev=12)))))
+    pair.receiver.receive_data(encode_frame(Batch(EPOCH, (ev(9, prev=8),))))
+    pair.drain_receiver()
+    assert [e.seq for e in pair.applied] == [11, 12, 13]
+    got = [e for e in pair.receiver_events if isinstance(e, EventsReceived)]
+    assert [e.duplicates for e in got] == [2, 1]
+    stats = pair.receiver.statistics()
+    assert (stats.duplicates, stats.gaps) == (4, 0)
+
+
+@pytest.mark.parametrize("heal", ["replay", "resync"])
+def test_the_refused_event_comes_again_after_a_reconnect_and_is_handed_up(heal: str) -> None:
+    """Head of line: events k..n where k is refused.  D never took k, so after
+    the reconnect k is not a duplicate: sent again with its predecessor
+    present (``replay``) or after a resync cut covering it (``resync``), it
+    and the rest are handed up."""
+    stream = chain(1, 2, 3, 4, 5, 6, 7)
+    first = LinkPair(sender={"linger": 0.0})
+    for event in stream:
+        if event.seq != 4:
+            first.sender.send_event(event)
+    gap_refusal(first)
+    assert [e.seq for e in first.applied] == [1, 2, 3]
+    d_applied = first.receiver.statistics().acked_seq
+    assert d_applied == 3
+
+    second = LinkPair(resume_from=d_applied, sender={"linger": 0.0})
+    if heal == "resync":
+        second.sender.begin_resync(4, total_chunks=1, total_bytes=1)
+        second.sender.send_chunk(b"s")
+        second.sender.end_resync()
+        rest = stream[4:]
+    else:
+        rest = stream[3:]
+    for event in rest:
+        second.sender.send_event(event)
+    second.pump(0.0)
+    assert [e.seq for e in second.applied] == [e.seq for e in rest]
+    assert 5 in [e.seq for e in second.applied]  # k, refused before
+    stats = second.receiver.statistics()
+    assert (stats.duplicates, stats.gaps, stats.acked_seq) == (0, 0, 7)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    steps=st.lists(st.integers(1, 4), min_size=1, max_size=40),
+    lost=st.sets(st.integers(0, 39), max_size=4),
+    batch_max_events=st.integers(1, 8),
+)
+def test_a_stream_with_holes_is_handed_up_exactly_to_the_first_hole(
+    steps: list[int], lost: set[int], batch_max_events: int
+) -> None:
+    seqs = [sum(steps[: i + 1]) for i in range(len(steps))]
+    stream = chain(*seqs)
+    sent = [e for i, e in enumerate(stream) if i not in lost]
+    first_hole = min((i for i in lost if i < len(stream)), default=len(stream))
+    continuous = stream[:first_hole]
+    pair = LinkPair(sender={"linger": 0.0, "batch_max_events": batch_max_events})
+    for event in sent:
+        pair.sender.send_event(event)
+    refused = len(sent) > len(continuous)  # something was sent after a hole
+    if refused:
+        gap_refusal(pair)
+    else:
+        pair.pump(0.0)
+    assert pair.applied == continuous
+    assert pair.receiver.statistics().gaps == int(refused)
+    assert pair.receiver.statistics().acked_seq == (continuous[-1].seq if continuous else 0)
+
+
+# ---------------------------------------------------------------------------
 # cut mid-batch, reconnect, resume: nothing lost, nothing twice
 # ---------------------------------------------------------------------------
 
@@ -591,7 +837,10 @@ def test_cut_and_resume_loses_nothing_and_duplicates_nothing(
     for gap in gaps[:n_events]:
         seq += gap
         seqs.append(seq)
-    stream = [LinkEvent(s, s * 10, random.Random(s).randbytes(60) * 2) for s in seqs]
+    stream = [
+        LinkEvent(s, s * 10, random.Random(s).randbytes(60) * 2, prev_seq=prev)
+        for prev, s in zip([0, *seqs], seqs, strict=False)
+    ]
     applied: list[LinkEvent] = []  # site D, across connections
     spool = list(stream)  # site P's spool, trimmed by acks
     for cut in [*cuts, None]:
@@ -633,6 +882,7 @@ def test_cut_and_resume_loses_nothing_and_duplicates_nothing(
             if isinstance(event, Acked):
                 spool = [e for e in spool if e.seq > event.seq]
         assert pair.receiver.statistics().duplicates == 0
+        assert pair.receiver.statistics().gaps == 0
     assert applied == stream
 
 
@@ -667,6 +917,7 @@ OPS = st.sampled_from(
     [
         "event",
         "event_old",
+        "event_after_a_hole",
         "pump",
         "advance",
         "ack",
@@ -689,9 +940,10 @@ def test_random_walk_raises_only_typed_errors(ops: list[str], data: st.DataObjec
     seq = 0
     for op in ops:
         try:
-            if op == "event":
-                seq += data.draw(st.integers(1, 3))
-                pair.sender.send_event(ev(seq, data.draw(st.integers(0, 900))))
+            if op in ("event", "event_after_a_hole"):
+                prev = seq if op == "event" else seq + 1  # seq + 1: lost before the link
+                seq += data.draw(st.integers(1, 3)) + (op != "event")
+                pair.sender.send_event(ev(seq, data.draw(st.integers(0, 900)), prev=prev))
             elif op == "event_old":
                 pair.sender.send_event(ev(max(seq - 1, 0)))
             elif op == "pump":
