@@ -261,9 +261,8 @@ class Egress:
         if not session.welcomed or session.sender.window_full:
             return
         spool = self._spool_now()
-        for seq, time_us, payload, _prev_seq in spool.read_after(session.last_queued, REPLAY_BYTES):
-            # TODO(link prev_seq): LinkEvent(seq, time_us, payload, prev_seq=_prev_seq) on merge.
-            session.sender.send_event(link.LinkEvent(seq, time_us, payload))
+        for seq, time_us, payload, prev_seq in spool.read_after(session.last_queued, REPLAY_BYTES):
+            session.sender.send_event(link.LinkEvent(seq, time_us, payload, prev_seq=prev_seq))
             if self.capture is not None:
                 self.capture.forwarded(session.sender, seq, payload)
             session.last_queued = seq

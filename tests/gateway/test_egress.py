@@ -105,6 +105,18 @@ async def test_streams_the_spool_after_ds_resume_point(
     assert [m.cseq for m in marks] == [10]  # the standbys are told
 
 
+async def test_each_event_carries_its_spooled_prev_seq(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    site = Site(tmp_path, events=0)
+    site.spool.append_many([(3, 1, PAYLOAD, 0), (7, 2, PAYLOAD, 3), (9, 3, PAYLOAD, 7)])
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 3)
+        got = await d.next_of(link.EventsReceived)
+        assert [(e.seq, e.prev_seq) for e in got.events] == [(7, 3), (9, 7)]
+
+
 async def test_a_full_window_waits_for_acks(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
