@@ -233,6 +233,18 @@ class BrokerSite(Started):
         self.clients.append(popen)  # stop() ends it if the caller did not
         return popen
 
+    def drgate(self, node: int, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run ``drgate ARGS`` where node ``node``'s bus is reachable (its
+        namespace on corosync): the admin commands that join the site's bus
+        (``resync``, ``promote``)."""
+        argv = drgate_argv(*args)
+        if self.corosync is not None:
+            argv = self.corosync.ns_argv(node, argv)
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env, check=False
+        )
+
     def describe(self, node: int) -> dict[str, Any]:
         result = self.client(node, "describe", self.amqp[node], timeout=60)
         if result.get("error"):
@@ -338,6 +350,9 @@ class TwoSites(Started):
         self.wan_listen: dict[int, int] = {}
         self.wan_control: dict[int, int] = {}
         self.metrics_port: dict[tuple[str, int], int] = {}
+        # (cluster, node) -> spool directory, for a test that puts one sidecar's
+        # spool elsewhere (a small tmpfs) before starting it; default WORKDIR/p/spool-N.
+        self.spool_dirs: dict[tuple[str, int], Path] = {}
 
     def start_labs(self) -> None:
         """The corosync sites (bus=corosync), joined to the root namespace;
@@ -398,6 +413,12 @@ class TwoSites(Started):
             self.d_listen[n] = free_port()
         return self.d_listen[n]
 
+    def wan_all(self, line: str) -> None:
+        """Send ``line`` (``cut``, ``restore``, ``set ...``) to every emulator:
+        the whole WAN between P and D."""
+        for n in self.nodes:
+            self.wan(n, line)
+
     def wan(self, n: int, line: str) -> str:
         argv = [
             sys.executable, "-m", "lab.wan",
@@ -414,7 +435,7 @@ class TwoSites(Started):
 
     def sidecar_config(self, site: BrokerSite, n: int) -> Path:
         primary = site is self.p
-        spool = site.workdir / f"spool-{n}"
+        spool = self.spool_dirs.get((site.cluster, n), site.workdir / f"spool-{n}")
         lines = [
             f"site: {site.cluster}",
             f"role: {'primary' if primary else 'dr'}",
@@ -443,6 +464,8 @@ class TwoSites(Started):
         return path
 
     def start_sidecar(self, site: BrokerSite, n: int) -> Proc:
+        """Start sidecar ``n`` of ``site``; after ``site.kill(f"sidecar-{n}")``
+        this restarts it on the same config, spool and (at D) link port."""
         config = self.sidecar_config(site, n)
         proc = site._spawn(f"sidecar-{n}", drgate_argv("run", "--config", str(config)), node=n)
         if self.metrics:

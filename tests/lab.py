@@ -8,7 +8,8 @@ checks that nothing is left behind.
 The two-site tests share ``wait_for`` (poll a condition against a deadline:
 the other processes offer no event to await), ``queues`` (a broker's
 described queues by name), ``status`` (a sidecar's /status) and
-``converged`` (D's full replica equals P's queue).
+``converged`` (D's full replica equals P's queue).  ``mounted_tmpfs`` puts
+a small file system under a test (a spool that fills up).
 """
 
 from __future__ import annotations
@@ -82,6 +83,25 @@ def corosync_lab(name: str, *, subnet: str, prefix: str, nodes: int = 3) -> Iter
     assert [n for n in list_netns() if n.startswith(prefix)] == []
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
     assert prefix not in links.stdout
+
+
+@contextmanager
+def mounted_tmpfs(path: Path, *, size_bytes: int) -> Iterator[Path]:
+    """A tmpfs of ``size_bytes`` mounted on ``path`` (created), unmounted on
+    exit; skips (locally) or fails (in CI) when this machine cannot mount one.
+    Stop the processes that use it before leaving the block."""
+    path.mkdir(parents=True, exist_ok=True)
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(path)]
+    done = subprocess.run(mount, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        reason = f"cannot mount a tmpfs on {path} (needs root): {done.stderr.strip()}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the disk-full test must run in CI: {reason}")
+        pytest.skip(reason)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], capture_output=True, text=True, check=True)
 
 
 def wait_for(what: str, check: Callable[[], bool], *, timeout: float = DEADLINE_S) -> float:
