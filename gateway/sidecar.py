@@ -51,9 +51,15 @@ from gateway.statistics import (
 )
 from gateway.tap import ReplEvent, Tap
 from protocol import cluster as pc
+from protocol import link
+from protocol.errors import DrgateError
 from protocol.modes import Role
 
 log = logging.getLogger("drgate.sidecar")
+
+# The largest event the tap hands to the spool: one event must fit in one
+# link BATCH frame, with room for the frame's and the batch's headers.
+MAX_EVENT_BYTES = link.DEFAULT_MAX_FRAME_BYTES - 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,11 +179,35 @@ class Sidecar(NullObserver):
             if cmd.origin_cluster == self.config.site:
                 self.spool.trim(cmd.cseq)
             return
-        event = self.tap.on_command(self.state, cmd, effects, int(time.time() * 1e6))
+        try:
+            event = self.tap.on_command(self.state, cmd, effects, int(time.time() * 1e6))
+            if event is not None and len(event.payload) > MAX_EVENT_BYTES:
+                raise DrgateError(
+                    f"its event of {len(event.payload)} bytes exceeds the {MAX_EVENT_BYTES} "
+                    "bytes one link batch can carry"
+                )
+        except Exception as exc:  # a limit or a bug in one command's tapping
+            self._tap_failed(cmd, exc)
+            return
         if self.capture is not None:
             self.capture.tapped(cmd, effects, event, self.state.cseq, self.tap.rules)
         if event is not None:
             self._events.append(event)
+
+    def _tap_failed(self, cmd: pc.Command, exc: Exception) -> None:
+        """The tap could not forward ``cmd``: the sidecar goes on, and the
+        stream carries a gap at this cseq (the tap's next event names it as
+        its previous one), so the spool raises its floor past it and any D
+        behind it is resynced, which carries the state this command made.
+        Every tap of the site fails the same command the same way."""
+        cseq = self.state.cseq
+        self.tap.last_seq = cseq
+        self.tap.dropped["tap_failure"] += 1
+        self.tap.last_error = (
+            f"tap: the {pc.Kind(cmd.KIND).name} command at cseq {cseq} was not forwarded "
+            f"({type(exc).__name__}: {exc}); D is resynced past it"
+        )
+        log.error("%s", self.tap.last_error, exc_info=not isinstance(exc, DrgateError))
 
     def after_frame(self) -> None:
         """Every command of a delivered frame was applied: spool its events."""

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
 from cluster.addresses import Address
 from gateway.roles import SidecarRole
 from gateway.sidecar import Sidecar
+from protocol import cluster as pc
 from protocol.errors import BusError
 from tests.support.linkpeer import sidecar_config
 from tests.support.membus import MemoryBus, open_memory_member
@@ -122,4 +125,37 @@ async def test_a_sidecar_in_a_minority_neither_forwards_nor_dials(
         await wait_until(lambda: egress.current_role() == SidecarRole.EGRESS, egress)
         await site.wait_dialled(1)
         assert len(site.dialled) == dialled + 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_command_the_tap_cannot_forward_makes_d_resync_not_the_sidecar_stop(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with trio.open_nursery() as nursery:
+        site = PrimarySite(tmp_path, nursery)
+        egress = await site.start(1)
+        await site.start(2)
+        await wait_until(lambda: egress.current_role() == SidecarRole.EGRESS, egress)
+        tap_command = egress.tap.on_command
+
+        def failing(state: Any, cmd: pc.Command, effects: Any, time_us: int) -> Any:
+            if isinstance(cmd, pc.QueueDeclare) and cmd.queue == "q-boom":
+                raise RuntimeError("a bug in the tap (test)")
+            return tap_command(state, cmd, effects, time_us)
+
+        monkeypatch.setattr(egress.tap, "on_command", failing)
+        await egress.member.submit_and_wait(pc.QueueDeclare("q-full"))
+        assert egress.spool is not None
+        served = egress.spool.statistics().last_seq
+        assert served is not None and not egress.spool.needs_resync(served)
+        await egress.member.submit_and_wait(pc.QueueDeclare("q-boom"))
+        failed_at = egress.state.cseq
+        await egress.member.submit_and_wait(pc.QueueDeclare("q-full", {"x": 1}))
+
+        assert egress.current_role() == SidecarRole.EGRESS  # still serving
+        assert egress.tap.statistics().dropped_total["tap_failure"] == 1
+        assert "cseq" in egress.statistics().last_error
+        # A D that holds what was spooled before the failure cannot stream past it.
+        assert egress.spool.floor >= failed_at
+        assert egress.spool.needs_resync(served)
         nursery.cancel_scope.cancel()
