@@ -30,8 +30,8 @@ from gateway.metrics import (
     SnapshotFunction,
     build_registry,
     render_metrics,
-    status_document,
 )
+from gateway.statusdoc import status_document
 
 log = logging.getLogger(__name__)
 

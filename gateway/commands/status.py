@@ -141,7 +141,7 @@ def _resync_text(resync: dict[str, Any], width: int = 10) -> str:
     """A resync in progress as a bar (``resync ███░░ 42%``), or a promoted site.
 
     ``promoted`` is in /status's ``resync`` object at D (a compatibility field
-    that ``gateway.metrics.status_document`` fills from the snapshot's
+    that ``gateway.statusdoc.status_document`` fills from the snapshot's
     ``DrSection``)."""
     text = ""
     if resync.get("promoted"):

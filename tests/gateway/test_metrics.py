@@ -23,13 +23,13 @@ from gateway.metrics import (
     build_registry,
     families_from_snapshot,
     render_metrics,
-    status_document,
 )
 from gateway.statistics import (
     DrSection,
     SidecarStatistics,
     TapStatistics,
 )
+from gateway.statusdoc import status_document
 from tests.support.statistics import broker, full_snapshot, link, sidecar
 
 CONSTANT = {"site": "site-p", "node": "1", "process": "sidecar"}
