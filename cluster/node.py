@@ -62,6 +62,7 @@ from cluster.tls import TlsFiles, server_context
 from protocol import cluster as pc
 from protocol.errors import DrgateError
 from protocol.modes import Role
+from protocol.values import Value
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +363,7 @@ class BrokerNode(NullObserver):
             exchange, key = address, message.subject or ""
         else:
             exchange, key = "", address
-        properties: dict[str, pc.Value] = {}
+        properties: dict[str, Value] = {}
         if message.properties:
             properties.update({str(k): _plain(v) for k, v in message.properties.items()})
         if message.subject:
@@ -521,7 +522,7 @@ def admin_commands(request: dict[str, Any]) -> list[pc.Command]:
     )
 
 
-def _plain(value: Any) -> pc.Value:
+def _plain(value: Any) -> Value:
     """An AMQP value as a bus map value (symbols and other str subclasses
     become str; anything else unsupported becomes its text)."""
     if value is None or isinstance(value, bool | float):

@@ -25,6 +25,7 @@ from cluster.state.model import Queue, SiteState
 from filters.matcher import Decision, Drop, RuleSet
 from protocol import cluster as pc
 from protocol.modes import Mode
+from protocol.values import Value
 
 MESSAGE_MODES = (Mode.FULL, Mode.ENQUEUE)
 """The modes that forward messages."""
@@ -42,7 +43,7 @@ class QueueContent:
     name: str
     target: str
     mode: Mode
-    args: dict[str, pc.Value]
+    args: dict[str, Value]
     binds: list[pc.Bind]
     messages: list[Message]
 

@@ -13,8 +13,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
-from protocol.cluster import ValueMap
 from protocol.modes import Mode
+from protocol.values import ValueMap
 
 
 class Sender(Protocol):

@@ -13,8 +13,9 @@ import heapq
 from collections.abc import Iterator
 
 from cluster.state.effects import Message
-from protocol.cluster import ExchangeType, Value, ValueMap
+from protocol.cluster import ExchangeType
 from protocol.modes import MAX_COUNT_ARGS, MAX_SIZE_ARG, Mode, Role, limit_value
+from protocol.values import Value, ValueMap
 
 # --------------------------------------------------------------------------
 # Session ids

@@ -11,7 +11,7 @@ queue byte totals) is not encoded; :func:`restore_untrusted` rebuilds it.
 
 Layout (all integers big-endian; ``str16`` = u16 length + UTF-8,
 ``bytes32`` = u32 length + bytes; ``map`` = the bus commands' value map,
-written and read by :mod:`protocol.cluster`'s ``pack_value_map`` and
+written and read by :mod:`protocol.values`' ``pack_value_map`` and
 ``unpack_value_map_untrusted``)::
 
     snapshot   := magic "DRGS" | version u16 | reserved u16
@@ -52,15 +52,10 @@ from typing import Any
 
 from cluster.state.effects import Message
 from cluster.state.model import COUNTERS, Exchange, Origin, Queue, Replica, Session, SiteState
-from protocol.cluster import (
-    ExchangeType,
-    Value,
-    ValueMap,
-    pack_value_map,
-    unpack_value_map_untrusted,
-)
+from protocol.cluster import ExchangeType
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.modes import Mode, Role
+from protocol.values import Value, ValueMap, pack_value_map, unpack_value_map_untrusted
 
 MAGIC = b"DRGS"
 SNAPSHOT_VERSION = 1

@@ -13,8 +13,9 @@ from cluster.state.effects import Message
 from cluster.state.machine import route as _route
 from cluster.state.merge import read_only_origin
 from cluster.state.model import SiteState
-from protocol.cluster import ExchangeType, Value
+from protocol.cluster import ExchangeType
 from protocol.modes import Mode, Role
+from protocol.values import Value
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from cluster.state import (
 )
 from protocol import cluster as pc
 from protocol.modes import Role
+from protocol.values import Value
 from tests.support.state import Member, genesis_state
 
 A = Member(1, 100)
@@ -205,7 +206,7 @@ def test_refusals_name_the_thing_and_change_nothing(
 
 def test_queue_arguments_are_stored_as_given_and_redeclare_merges() -> None:
     st = site()
-    args: dict[str, pc.Value] = {
+    args: dict[str, Value] = {
         "qpid.replicate": "all",
         "qpid.queue_event_generation": 2,
         "x": b"\x00",
@@ -342,9 +343,7 @@ def test_exchange_declare_delete_and_bindings() -> None:
         ({"qpid.max_count": 0}, [b"a"], 0),
     ],
 )
-def test_max_depth_rejects(
-    args: dict[str, pc.Value], bodies_in: list[bytes], refused_at: int
-) -> None:
+def test_max_depth_rejects(args: dict[str, Value], bodies_in: list[bytes], refused_at: int) -> None:
     st = site()
     apply(st, pc.QueueDeclare("q", args))
     for i, body in enumerate(bodies_in):

@@ -24,6 +24,7 @@ from filters.rules import load_rules
 from gateway import resync as rs
 from lab.site import LAB_RULES, TwoSites, finish_client
 from protocol import cluster as pc
+from protocol.values import Value
 from tests.lab import BUSES, converged, queues, require_bus, status, wait_for
 from tests.support.state import genesis_state
 
@@ -164,7 +165,7 @@ def test_rules_switch_none_to_full_brings_existing_messages(two: TwoSites) -> No
 def _p_with_messages(n: int) -> st.SiteState:
     p = genesis_state("site-p", 7)
     for queue, mode in (("q-full", "all"), ("q-enq", "all"), ("q-wire", "configuration")):
-        args: dict[str, pc.Value] = {"qpid.replicate": mode}
+        args: dict[str, Value] = {"qpid.replicate": mode}
         if queue == "q-enq":
             args["qpid.queue_event_generation"] = 1
         st.apply(p, pc.QueueDeclare(queue, args))
