@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 DEB_PKGS := corosync prometheus libssl-dev gcc python3-dev iproute2 procps
 PYTEST_ARGS ?=
 
-.PHONY: demo test check-fast lint typecheck pytest deb venv clean
+.PHONY: demo test check-fast lint typecheck pytest deb venv clean bench-resync
 
 demo: deb $(STAMP)
 	$(VENV)/bin/drgate demo
@@ -53,3 +53,9 @@ venv: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# Resync of a 512 MiB primary (2 x 262,144 messages of 1 KiB) and a rules
+# switch of a 200,000-message queue: rate and the egress's and ingress's peak
+# RSS over their steady state (bench/resync_bench.py; about 15 minutes).
+bench-resync: $(STAMP)
+	$(PY) bench/resync_bench.py --switch 200000

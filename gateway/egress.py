@@ -98,6 +98,7 @@ class _Session:
     address: str
     welcomed: bool = False
     last_queued: int = 0  # the highest seq handed to the sender
+    resync: rs.SnapshotStream | None = None  # a resync being sent
 
 
 class Egress:
@@ -128,11 +129,20 @@ class Egress:
         self.acked_seq = 0
         self._refusal = ""  # the last non-retriable refusal by D, until a WELCOME
         self._force_resync = False  # D found a gap: resync until a cut is acked
+        self._resync_requested = False  # resync on the link that is up
         self.gaps = 0  # gaps D reported
         self._sender_stats: link.SenderStatistics | None = None
         self._last_watermark = -WATERMARK_INTERVAL_S
         self._waiting: trio.CancelScope | None = None
         self._woken = False
+
+    def request_resync(self) -> None:
+        """The tap left a gap (a command too big for an event, or one it could
+        not tap): resync D now, on the link as it is, and on the next one
+        until a cut is acked."""
+        self._force_resync = True
+        self._resync_requested = True
+        self.wake()
 
     def wake(self) -> None:
         """Something may have given the connection work: stop waiting."""
@@ -224,6 +234,9 @@ class Egress:
                 if self._role() != SidecarRole.EGRESS:
                     raise DrgateError("no longer the active egress")
                 await self._handle_events(session)
+                if self._resync_requested and session.welcomed and session.resync is None:
+                    session.last_queued = self._begin_resync(session, self.acked_seq)
+                self._queue_resync(session)
                 self._queue_events(session)
                 now = trio.current_time()
                 out = sender.data_to_send(now)
@@ -254,11 +267,13 @@ class Egress:
         makes an event.)"""
         if not session.welcomed or session.sender.window_full:
             return False
+        if session.resync is not None:
+            return session.sender.queued == 0
         last = self._spool_now().statistics().last_seq
         return last is not None and last > session.last_queued
 
     def _queue_events(self, session: _Session) -> None:
-        if not session.welcomed or session.sender.window_full:
+        if not session.welcomed or session.sender.window_full or session.resync is not None:
             return
         spool = self._spool_now()
         for seq, time_us, payload, prev_seq in spool.read_after(session.last_queued, REPLAY_BYTES):
@@ -307,7 +322,7 @@ class Egress:
         # gap in what the spool sent: a snapshot cut at our cseq.
         spool = self._spool_now()
         if self._force_resync or ev.resume_from == 0 or spool.needs_resync(ev.resume_from):
-            session.last_queued = await self._send_resync(session, ev.resume_from)
+            session.last_queued = self._begin_resync(session, ev.resume_from)
         log.info("egress: link up to %s, resuming after %d", session.address, session.last_queued)
 
     def _acked(self, ev: link.Acked) -> None:
@@ -322,8 +337,10 @@ class Egress:
         self._spool_now().trim(ev.seq)
         self._announce_watermark()
 
-    async def _send_resync(self, session: _Session, resume: int) -> int:
-        """Queue a resync snapshot cut at the current cseq; returns the cut."""
+    def _begin_resync(self, session: _Session, resume: int) -> int:
+        """Start a resync snapshot cut at the current cseq; returns the cut.
+        Its chunks are made as the window takes them (:meth:`_queue_resync`)."""
+        self._resync_requested = False
         state, rules = self.member.state, self.tap.rules
         plan = rs.plan_snapshot(state, rules)  # synchronous: the cut
         log.info(
@@ -334,21 +351,38 @@ class Egress:
             plan.cut,
             plan.messages,
         )
-        records = await rs.encode_snapshot(
+        session.resync = rs.SnapshotStream(
             plan, rules, origin=self.config.site, epoch=self.tap.epoch, time_us=_now_us()
         )
-        chunks = rs.chunk_records(records)
-        total = sum(len(c) for c in chunks)
-        resync = self.status.resync
-        resync.begin(chunks=len(chunks), cut=plan.cut)
-        resync.bytes_total += total
-        resync.messages = plan.messages
-        sender = session.sender
-        sender.begin_resync(plan.cut, total_chunks=len(chunks), total_bytes=total)
-        for chunk in chunks:
-            sender.send_chunk(chunk)
-        sender.end_resync()
+        self.status.resync.begin(chunks=0, cut=plan.cut)
+        self.status.resync.messages = plan.messages
+        session.sender.begin_resync(plan.cut)
         return plan.cut
+
+    def _queue_resync(self, session: _Session) -> None:
+        """The resync's next chunk, when the sender has sent what it had and
+        the window has room: P holds one chunk beyond the window."""
+        stream = session.resync
+        sender = session.sender
+        if stream is None or sender.window_full or sender.queued:
+            return
+        chunk = stream.next_chunk()
+        if chunk is None:
+            sender.end_resync()
+            session.resync = None
+            log.info(
+                "egress: resync cut at %d sent: %d chunks, %d bytes, %d messages",
+                stream.plan.cut,
+                stream.chunks_done,
+                stream.bytes_done,
+                stream.messages_done,
+            )
+            return
+        sender.send_chunk(chunk)
+        progress = self.status.resync
+        progress.bytes_total += len(chunk)
+        progress.chunks = stream.chunks_done
+        progress.messages_done = stream.messages_done
 
     def _announce_watermark(self) -> None:
         now = trio.current_time()

@@ -15,8 +15,9 @@ task through a bounded channel.  The applier multicasts them into D's bus
 with ``submit_and_wait`` — several link batches that arrived meanwhile in
 one round trip — and acks a seq only once D's bus has applied it (apply,
 then ack).  After an ack the applier cancels the loop's wait for bytes, so
-the ack goes out at once.  A resync's chunks are buffered (and acked as
-buffered) until RESYNC_END, then applied as one ``ResyncApply``.
+the ack goes out at once.  A resync's chunks go through D's bus as
+``ResyncStage`` pieces, each acked once staged, and RESYNC_END as the
+``ResyncCommit`` that installs them at one point of D's stream.
 """
 
 from __future__ import annotations
@@ -58,7 +59,10 @@ REFUSAL_GRACE_S = 5.0
 # How long the loop waits for bytes when the link machine has no deadline.
 IDLE_WAIT_S = 1.0
 
-_Work = tuple[int, list[pc.Command]]  # (the last seq it holds, its commands)
+# (the last seq it holds, or a resync piece's index; its commands)
+_Work = tuple[int, list[pc.Command]]
+# Work that goes through D's bus alone: a resync's pieces and its commit.
+_ALONE = (pc.ResyncStage, pc.ResyncCommit)
 
 
 class Ingress:
@@ -177,8 +181,19 @@ class Ingress:
             return rs.NEW_INCARNATION_CODE, text
         return None
 
-    def check_resync_applied(self, cmd: pc.ResyncApply) -> None:
-        """After D's bus applied a ResyncApply: did it take (else do not ack)?"""
+    def check_piece_staged(self, cmd: pc.ResyncStage) -> None:
+        """After D's bus applied a ResyncStage: is it staged (else do not ack)?"""
+        self.status.resync.chunks_done = cmd.index + 1
+        staged = self.member.state.staged.get(cmd.origin_cluster)
+        if staged is None or staged.key != (cmd.incarnation, cmd.cut, cmd.epoch, cmd.index + 1):
+            raise DrgateError(
+                f"piece {cmd.index} of the resync from {cmd.origin_cluster} cut at {cmd.cut} "
+                f"was not staged by {self.config.site} (see its counters "
+                "resync_pieces_refused, r7_fenced, incarnation_refused); the link restarts"
+            )
+
+    def check_resync_applied(self, cmd: pc.ResyncCommit) -> None:
+        """After D's bus applied a ResyncCommit: did it take (else do not ack)?"""
         self.status.resync.active = False
         state = self.member.state
         done = applied(state, cmd.origin_cluster, cmd.incarnation)
@@ -219,7 +234,8 @@ class _Connection:
         # The wait for the egress's next bytes; the applier cancels it after
         # an ack, so the ack goes out at once.
         self.reading: trio.CancelScope | None = None
-        self.collector: rs.ResyncCollector | None = None
+        self.resync: link.ResyncBegin | None = None  # the resync being received
+        self.resync_time_us = 0
         self.accepted = False  # this connection's HELLO was accepted
 
     async def run(self, stream: trio.abc.Stream) -> None:
@@ -303,15 +319,9 @@ class _Connection:
             elif isinstance(ev, link.ResyncBegin):
                 self._resync_begin(ev)
             elif isinstance(ev, link.ResyncChunk):
-                assert self.collector is not None
-                self.collector.add(ev.data)
-                ingress.status.resync.bytes_total += len(ev.data)
-                ingress.status.resync.chunks_done += 1
-                receiver.ack_chunk()  # buffered; nothing applied before END
+                await self.to_apply_send.send((ev.index, [self._resync_piece(ev)]))
             elif isinstance(ev, link.ResyncEnd):
-                assert self.collector is not None
-                command, self.collector = self.collector.command(), None
-                await self.to_apply_send.send((ev.cut_seq, [command]))
+                await self.to_apply_send.send((ev.cut_seq, [self._resync_commit(ev)]))
             elif isinstance(ev, link.EventsReceived):
                 await self._events_received(ev)
             elif isinstance(ev, link.PeerError):
@@ -324,16 +334,41 @@ class _Connection:
     def _resync_begin(self, ev: link.ResyncBegin) -> None:
         hello = self.receiver.hello
         assert hello is not None
-        self.collector = rs.ResyncCollector(
-            hello.origin_cluster, hello.incarnation, ev.epoch, ev.cut_seq, ev.total_bytes
+        self.resync = ev
+        self.ingress.status.resync.begin(chunks=ev.total_chunks, cut=ev.cut_seq)
+        log.info("ingress: resync from %s cut at %d begins", hello.origin_cluster, ev.cut_seq)
+
+    def _resync_piece(self, ev: link.ResyncChunk) -> pc.ResyncStage:
+        """The chunk as a piece D's members stage (acked once staged)."""
+        hello, begin = self.receiver.hello, self.resync
+        assert hello is not None and begin is not None
+        self.ingress.status.resync.bytes_total += len(ev.data)
+        if ev.index == 0:
+            self.resync_time_us = _first_time_us(ev.data)
+        return pc.ResyncStage(
+            hello.origin_cluster, hello.incarnation, begin.cut_seq, begin.epoch, ev.index, ev.data
         )
-        self.ingress.status.resync.begin(chunks=ev.total_chunks)
+
+    def _resync_commit(self, ev: link.ResyncEnd) -> pc.ResyncCommit:
+        """What installs the staged pieces at one point of D's stream, with
+        the time of the cut at P (read from the first piece)."""
+        hello, begin = self.receiver.hello, self.resync
+        assert hello is not None and begin is not None
+        self.resync = None
         log.info(
-            "ingress: resync from %s cut at %d: %d chunks, %d bytes",
+            "ingress: resync from %s cut at %d received: %d chunks, %d bytes; installing",
             hello.origin_cluster,
             ev.cut_seq,
             ev.total_chunks,
             ev.total_bytes,
+        )
+        return pc.ResyncCommit(
+            hello.origin_cluster,
+            hello.incarnation,
+            ev.cut_seq,
+            begin.epoch,
+            self.resync_time_us,
+            ev.total_chunks,
         )
 
     async def _events_received(self, ev: link.EventsReceived) -> None:
@@ -351,8 +386,13 @@ class _Connection:
         async for first in self.to_apply:
             for seq, commands in self._gather(first):
                 await self.ingress.member.submit_and_wait(*commands)
-                if isinstance(commands[0], pc.ResyncApply):
-                    self.ingress.check_resync_applied(commands[0])
+                head = commands[0]
+                if isinstance(head, pc.ResyncStage):
+                    self.ingress.check_piece_staged(head)
+                    self.receiver.ack_chunk()
+                    continue
+                if isinstance(head, pc.ResyncCommit):
+                    self.ingress.check_resync_applied(head)
                 else:
                     self.ingress.ingested += len(commands)
                 self.receiver.ack(seq)
@@ -363,15 +403,26 @@ class _Connection:
         """``first`` and what else has arrived, to go through D's bus in one
         round trip (one wait, one ack); a resync snapshot goes alone."""
         last_seq, commands = first[0], list(first[1])
-        if isinstance(commands[0], pc.ResyncApply):
+        if isinstance(commands[0], _ALONE):
             return [(last_seq, commands)]
         while len(commands) < INGRESS_BATCH_COMMANDS:
             try:
                 seq, more = self.to_apply.receive_nowait()
             except trio.WouldBlock:
                 break
-            if isinstance(more[0], pc.ResyncApply):
+            if isinstance(more[0], _ALONE):
                 return [(last_seq, commands), (seq, more)]
             commands.extend(more)
             last_seq = seq
         return [(last_seq, commands)]
+
+
+def _first_time_us(records: bytes) -> int:
+    """P's time of a snapshot's cut: its first record's (0 if it has none;
+    a bad piece is refused by every member when staged)."""
+    try:
+        for first in pc.iter_snapshot_untrusted(records):
+            return first.origin_time_us
+    except RemoteProtocolError:
+        pass
+    return 0

@@ -18,22 +18,26 @@ class ResyncProgress:
 
     active: bool = False
     total: int = 0  # resyncs started
-    chunks: int = 0  # chunks of the running resync
-    chunks_done: int = 0  # egress: acked by D; ingress: buffered
+    chunks: int = 0  # chunks of the running resync made so far (egress)
+    chunks_done: int = 0  # egress: acked by D; ingress: staged on D's bus
     bytes_total: int = 0
     messages: int = 0  # messages in the last snapshot sent
-    cut: int = 0  # the running resync's cut (egress)
+    messages_done: int = 0  # of those, encoded and sent so far (egress)
+    cut: int = 0  # the running resync's cut
 
     def begin(self, *, chunks: int, cut: int = 0) -> None:
         self.total += 1
         self.active = True
         self.chunks = chunks
         self.chunks_done = 0
+        self.messages_done = 0
         self.cut = cut
 
     @property
     def progress_ratio(self) -> float:
-        return self.chunks_done / self.chunks if self.chunks else 0.0
+        """Messages sent of the snapshot's (egress; chunks are made as they
+        go, so their total is known only at the end); 0 where unknown."""
+        return self.messages_done / self.messages if self.messages else 0.0
 
 
 @dataclass(slots=True)

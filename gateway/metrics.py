@@ -168,8 +168,12 @@ _SPOOL_ROWS: tuple[_Row[SpoolSection], ...] = (
 _RESYNC_ROWS: tuple[_Row[ResyncSection], ...] = (
     _Row("gauge", "drgate_resync_active", "1 while a resync is running", lambda s: s.active),
     _Row("counter", "drgate_resyncs_total", "Resyncs started", lambda s: s.total),
-    _Row("gauge", "drgate_resync_progress_ratio", "Progress of the running resync, 0 to 1",
+    _Row("gauge", "drgate_resync_progress_ratio",
+         "Progress of the running resync, 0 to 1 (P: messages sent; 0 at D)",
          lambda s: s.progress_ratio),
+    _Row("gauge", "drgate_resync_chunks_done",
+         "Chunks of the running resync acked by D (P) or staged on D's bus (D)",
+         lambda s: s.chunks_done),
     _Row("counter", "drgate_resync_bytes_total", "Resync snapshot bytes sent or received",
          lambda s: s.bytes_total),
 )  # fmt: skip

@@ -1,27 +1,28 @@
-"""Resync snapshots: P's side (take and chunk), D's side (collect), and the
-bus-member helper the operator commands use (docs/architecture.md, sections 5-7).
+"""Resync snapshots: P's side (take, encode and chunk as the link takes them)
+and the bus-member helper the operator commands use (docs/architecture.md,
+sections 5-7).
 
 Theory of operation
 -------------------
 When D's WELCOME says it applied nothing from this incarnation
-(``resume_from == 0``) or less than the spool reaches back to, the egress
-takes a snapshot of the replicated queues from its shadow state *at its
-current cseq* (the cut): that is synchronous, so the state cannot move while
-it is read; messages are immutable, so only references are kept.  It then
-encodes the snapshot (with checkpoints, off the applier's path) as records
-``u32 length | bus frame of Replicated commands`` (``protocol.cluster``'s
-snapshot format), cuts the byte string into link chunks at record
-boundaries and sends RESYNC_BEGIN / CHUNK... / END, then the spool's events
-above the cut.
+(``resume_from == 0``), less than the spool reaches back to, or found a gap,
+the egress takes a snapshot of the replicated queues from its shadow state
+*at its current cseq* (the cut): :func:`plan_snapshot` is synchronous, so the
+state cannot move while it is read, and keeps only references (messages are
+immutable).  A :class:`SnapshotStream` then encodes the plan lazily, as
+records ``u32 length | bus frame of Replicated commands``
+(``protocol.cluster``'s snapshot format), one link chunk at a time, when the
+link's window has room for it: P holds one chunk beyond the window,
+whatever the snapshot's size.  The link carries it as a streamed resync
+(RESYNC_BEGIN without totals, CHUNK..., END with them), then the spool's
+events above the cut.
 
-The ingress buffers the chunks (in memory, bounded by
-:data:`RESYNC_MAX_BYTES`, acking each chunk as buffered: nothing is applied
-yet) and at RESYNC_END multicasts one ``ResyncApply`` command holding the
-whole snapshot.  Every D member applies it at that one point of D's stream
-(``cluster.state.replica.resync_apply``), and the ingress acks the cut once
-it has come back and ``applied[incarnation]`` reached the cut.  A connection
-lost before that leaves D unchanged; the next connection starts again from
-scratch.
+D's ingress multicasts each chunk as a ``ResyncStage`` piece and acks it once
+D's bus applied it (every member staged it, apart from the queues), and at
+RESYNC_END a ``ResyncCommit`` that installs the staged snapshot at one point
+of D's stream (``cluster.state.resync``); it acks the cut once that came back
+and ``applied[incarnation]`` reached the cut.  A connection lost before then
+leaves D's queues unchanged; the next resync starts again from piece 0.
 
 What the snapshot holds: the exchanges, then per queue whose mode is not
 ``none`` its content (gateway/content.py: declare, bindings, and for ``full``
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -45,21 +46,16 @@ from cluster.state.model import Origin, SiteState
 from filters.matcher import RuleSet
 from gateway.content import QueueContent, queue_content
 from protocol import cluster as pc
-from protocol.errors import DrgateError, LinkError
+from protocol.errors import DrgateError
 from protocol.modes import Mode, Role
 
 # Bytes of encoded commands per snapshot record (one bus frame): the size the
 # bus itself batches to, so decoding one never holds up the applier long.
 RECORD_MAX_BYTES = 256 * 1024
 RECORD_MAX_COMMANDS = 1000
-# Bytes per link resync chunk: an eighth of the default 8 MiB window, so the
-# window holds several chunks in flight.
+# Bytes per link resync chunk (and so per ResyncStage on D's bus): an eighth
+# of the default 8 MiB window, so the window holds several chunks in flight.
 CHUNK_BYTES = 1024 * 1024
-# The largest snapshot an ingress buffers.  The whole snapshot travels as one
-# ResyncApply bus command, and the embedded bus refuses frames above 64 MiB.
-RESYNC_MAX_BYTES = 60 * 1024 * 1024
-# Messages encoded between two checkpoints while a snapshot is encoded.
-ENCODE_STEP = 2000
 # ERROR code a D ingress sends when P is an incarnation D has not accepted.
 # Codes 20-39 are "the operator must look"; 23 is the next free one.
 NEW_INCARNATION_CODE = 23
@@ -101,107 +97,92 @@ def plan_snapshot(state: SiteState, rules: RuleSet, *, queues: Sequence[str] = (
     return plan
 
 
-async def encode_snapshot(
-    plan: SnapshotPlan, rules: RuleSet, *, origin: str, epoch: int, time_us: int
-) -> list[bytes]:
-    """The snapshot records (see module docstring), with a checkpoint every
-    :data:`ENCODE_STEP` messages."""
-    records: list[bytes] = []
-    modes: list[Mode] = []
-    commands: list[pc.Command] = []
-    size = 0
+class SnapshotStream:
+    """The records of ``plan``, encoded as they are asked for and joined into
+    link chunks of about ``chunk_bytes`` (a record is never split, so D can
+    read each chunk on its own).  Memory: one chunk, whatever the plan's size."""
 
-    def flush() -> None:
-        nonlocal size
-        if commands:
+    def __init__(
+        self,
+        plan: SnapshotPlan,
+        rules: RuleSet,
+        *,
+        origin: str,
+        epoch: int,
+        time_us: int,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        self.plan = plan
+        self.chunk_bytes = chunk_bytes
+        self.record_bytes = min(RECORD_MAX_BYTES, chunk_bytes)
+        self.messages_done = 0  # messages encoded so far (progress)
+        self.bytes_done = 0
+        self.chunks_done = 0
+        self._records = self._encode(rules, origin, epoch, time_us)
+        self._pending: bytes | None = None  # a record read ahead, for the next chunk
+
+    def next_chunk(self) -> bytes | None:
+        """The next chunk, or None once the snapshot is all out."""
+        parts: list[bytes] = []
+        size = 0
+        if self._pending is not None:
+            parts.append(self._pending)
+            size = len(self._pending)
+            self._pending = None
+        for record in self._records:
+            if parts and size + len(record) > self.chunk_bytes:
+                self._pending = record
+                break
+            parts.append(record)
+            size += len(record)
+        if not parts:
+            return None
+        self.chunks_done += 1
+        self.bytes_done += size
+        return b"".join(parts)
+
+    def chunks(self) -> Iterator[bytes]:
+        """Every chunk, in order."""
+        while (chunk := self.next_chunk()) is not None:
+            yield chunk
+
+    def _encode(self, rules: RuleSet, origin: str, epoch: int, time_us: int) -> Iterator[bytes]:
+        plan = self.plan
+        modes: list[Mode] = []
+        commands: list[pc.Command] = []
+        size = 0
+
+        def record() -> bytes:
+            nonlocal size
             replicated = pc.Replicated(
                 origin, plan.incarnation, plan.cut, epoch, time_us, tuple(modes), tuple(commands)
             )
-            records.append(pc.encode_snapshot_record([replicated]))
-        modes.clear()
-        commands.clear()
-        size = 0
+            modes.clear()
+            commands.clear()
+            size = 0
+            return pc.encode_snapshot_record([replicated])
 
-    def add(mode: Mode, cmd: pc.Command, nbytes: int = 64) -> None:
-        nonlocal size
-        modes.append(mode)
-        commands.append(cmd)
-        size += nbytes
-        if size >= RECORD_MAX_BYTES or len(commands) >= RECORD_MAX_COMMANDS:
-            flush()
+        def add(mode: Mode, cmd: pc.Command, nbytes: int = 64) -> bool:
+            nonlocal size
+            modes.append(mode)
+            commands.append(cmd)
+            size += nbytes
+            return size >= self.record_bytes or len(commands) >= RECORD_MAX_COMMANDS
 
-    for x in plan.exchanges:
-        add(Mode.WIRING, x)
-    done = 0
-    for q in plan.queues:
-        for cmd in q.wiring():
-            add(q.mode, cmd)
-        for m in q.messages:
-            enqueue = q.enqueue(rules, m)
-            if enqueue is not None:
-                add(q.mode, enqueue, len(m.body) + 64)
-            done += 1
-            if done % ENCODE_STEP == 0:
-                await trio.lowlevel.checkpoint()
-    flush()
-    return records
-
-
-def chunk_records(records: Sequence[bytes], chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
-    """Records joined into link chunks of about ``chunk_bytes`` (a record is
-    never split, so D may concatenate chunks back into a snapshot)."""
-    chunks: list[bytes] = []
-    pending: list[bytes] = []
-    size = 0
-    for record in records:
-        if pending and size + len(record) > chunk_bytes:
-            chunks.append(b"".join(pending))
-            pending, size = [], 0
-        pending.append(record)
-        size += len(record)
-    if pending:
-        chunks.append(b"".join(pending))
-    return chunks
-
-
-# --------------------------------------------------------------------------
-# D: collecting a resync
-# --------------------------------------------------------------------------
-
-
-class ResyncCollector:
-    """The chunks of one resync, held until RESYNC_END (bounded)."""
-
-    def __init__(self, origin: str, incarnation: int, epoch: int, cut: int, total: int) -> None:
-        if total > RESYNC_MAX_BYTES:
-            raise LinkError(
-                f"a resync of {total} bytes from {origin} exceeds this ingress's limit of "
-                f"{RESYNC_MAX_BYTES} bytes; replicate fewer messages (rules), or drain P's "
-                "queues, then reconnect"
-            )
-        self.origin = origin
-        self.incarnation = incarnation
-        self.epoch = epoch
-        self.cut = cut
-        self.total = total
-        self.chunks: list[bytes] = []
-        self.received = 0
-
-    def add(self, data: bytes) -> None:
-        self.chunks.append(data)
-        self.received += len(data)
-
-    def command(self) -> pc.ResyncApply:
-        """The ``ResyncApply`` to multicast; its time is the origin's time of the
-        cut, read from the first record."""
-        snapshot = b"".join(self.chunks)
-        time_us = 0
-        for first in pc.iter_snapshot_untrusted(snapshot):
-            time_us = first.origin_time_us
-            break
-        return pc.ResyncApply(
-            self.origin, self.incarnation, self.cut, self.epoch, time_us, snapshot
-        )
+        for x in plan.exchanges:
+            if add(Mode.WIRING, x):
+                yield record()
+        for q in plan.queues:
+            for cmd in q.wiring():
+                if add(q.mode, cmd):
+                    yield record()
+            for m in q.messages:
+                self.messages_done += 1
+                enqueue = q.enqueue(rules, m)
+                if enqueue is not None and add(q.mode, enqueue, len(m.body) + 64):
+                    yield record()
+        if commands:
+            yield record()
 
 
 # --------------------------------------------------------------------------

@@ -102,6 +102,7 @@ class Sidecar(NullObserver):
         self.spool: Spool | None = None
         self.roles = RoleSignal()
         self._events: list[ReplEvent] = []  # tapped from the frame being applied
+        self._resync_wanted = False  # a command of the frame goes by a resync
         self._was_minority = False
         self.capture: CaptureSink | None = None
         if config.capture is not None:
@@ -179,6 +180,7 @@ class Sidecar(NullObserver):
             if cmd.origin_cluster == self.config.site:
                 self.spool.trim(cmd.cseq)
             return
+        requested = self.tap.resyncs_requested
         try:
             event = self.tap.on_command(self.state, cmd, effects, int(time.time() * 1e6))
             if event is not None and len(event.payload) > MAX_EVENT_BYTES:
@@ -189,6 +191,13 @@ class Sidecar(NullObserver):
         except Exception as exc:  # a limit or a bug in one command's tapping
             self._tap_failed(cmd, exc)
             return
+        if self.tap.resyncs_requested != requested:
+            self._resync_wanted = True
+            log.info(
+                "tap: the %s command at cseq %d is too big for one event; D is resynced past it",
+                pc.Kind(cmd.KIND).name,
+                self.state.cseq,
+            )
         if self.capture is not None:
             self.capture.tapped(cmd, effects, event, self.state.cseq, self.tap.rules)
         if event is not None:
@@ -208,9 +217,13 @@ class Sidecar(NullObserver):
             f"({type(exc).__name__}: {exc}); D is resynced past it"
         )
         log.error("%s", self.tap.last_error, exc_info=not isinstance(exc, DrgateError))
+        self._resync_wanted = True
 
     def after_frame(self) -> None:
         """Every command of a delivered frame was applied: spool its events."""
+        if self._resync_wanted and self.egress is not None:
+            self.egress.request_resync()  # the gap is closed now, not at the next event
+        self._resync_wanted = False
         if not self._events:
             return
         if self.spool is not None and self.egress is not None:
@@ -367,6 +380,7 @@ class Sidecar(NullObserver):
                 progress_ratio=resync.progress_ratio,
                 bytes_total=resync.bytes_total,
                 messages=resync.messages,
+                chunks_done=resync.chunks_done,
             ),
             tap=self.tap.statistics() if self.egress is not None else None,
             spool=None if self.spool is None else self.spool.statistics(),

@@ -105,13 +105,15 @@ class SpoolSection:
 
 @dataclass(frozen=True, slots=True)
 class ResyncSection:
-    """Resyncs: started, running, progress (chunks acked at P, buffered at D)."""
+    """Resyncs: started, running, progress (P: messages sent of the snapshot's;
+    chunks acked by D at P, staged on D's bus at D)."""
 
     active: bool
     total: int
     progress_ratio: float
     bytes_total: int
     messages: int
+    chunks_done: int = 0
 
 
 @dataclass(frozen=True, slots=True)

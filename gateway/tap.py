@@ -27,7 +27,9 @@ rules switch     applied at this cseq; for each queue whose mode changed to
                  it did not forward messages before (or goes ``enqueue`` to
                  ``full``), its bindings and current messages: a per-queue
                  resync cut at the switch's cseq (``full`` from ``enqueue``
-                 first deletes D's copy, which it replaces)
+                 first deletes D's copy, which it replaces); a queue of
+                 more than ``SWITCH_EVENT_MAX_*`` goes by a resync instead:
+                 no event at this cseq, and ``resyncs_requested`` counts it
 ===============  ============================================================
 
 Each event carries ``prev_seq``, the seq of the event this tap forwarded
@@ -73,6 +75,12 @@ class ReplEvent:
     prev_seq: int
 
 
+# A queue's content goes in the rules switch's event only up to these sizes;
+# a bigger one is sent by a resync (see Tap.on_command), which has no cap.
+SWITCH_EVENT_MAX_MESSAGES = 10_000
+SWITCH_EVENT_MAX_BYTES = 4 * 1024 * 1024
+
+
 class Tap:
     """Decides, command by command, what P forwards to D."""
 
@@ -87,6 +95,8 @@ class Tap:
         self.rules_failures = 0
         self.last_error = ""
         self.last_seq = 0  # the seq of the last event forwarded (or the join point)
+        self.resyncs_requested = 0  # commands whose content goes by a resync
+        self._resync_instead = False
 
     # ------------------------------------------------------------------
 
@@ -148,6 +158,13 @@ class Tap:
             before = self._modes(state)
             self._switch(state, cmd)
             self._mode_changes(state, before, items)
+        if self._resync_instead:
+            # Too much for one event: none at this cseq, so the stream has a
+            # gap here that a resync cut at or after it closes.
+            self._resync_instead = False
+            self.resyncs_requested += 1
+            self.last_seq = state.cseq
+            return None
         if not items:
             return None
         for mode, _ in items:
@@ -218,6 +235,12 @@ class Tap:
             binds=old == Mode.NONE or replace,
             messages=old not in MESSAGE_MODES or replace,
         )
+        if (
+            len(content.messages) > SWITCH_EVENT_MAX_MESSAGES
+            or sum(len(m.body) for m in content.messages) > SWITCH_EVENT_MAX_BYTES
+        ):
+            self._resync_instead = True
+            return
         items.extend((new, cmd) for cmd in content.commands(self.rules))
 
     def _declare(

@@ -104,6 +104,8 @@ class Kind(enum.IntEnum):
     MEMBER_READY = 22
     GENESIS = 23
     RESYNC_APPLY = 24
+    RESYNC_STAGE = 25
+    RESYNC_COMMIT = 26
 
 
 class ExchangeType(enum.IntEnum):
@@ -561,6 +563,39 @@ class Replicated(_CommandBase):
     commands: tuple[Command, ...]
 
 
+# key=origin cluster  meta: incarnation u64 | cut u64 | epoch u32 | index u32
+#                     tail: snapshot records (see encode_snapshot_record)
+@_command(
+    Kind.RESYNC_STAGE,
+    key="origin_cluster",
+    meta=[
+        ("incarnation", Int64ub),
+        ("cut", Int64ub),
+        ("epoch", Int32ub),
+        ("index", Int32ub),
+    ],
+    tail="records",
+)
+@dataclass(frozen=True, slots=True)
+class ResyncStage(_CommandBase):
+    """Piece ``index`` (from 0) of a resync snapshot of ``origin_cluster`` cut
+    at its ``cut`` cseq: every member decodes it into a staging area no client
+    sees, and the ``ResyncApply`` that ends the resync installs it.  Piece 0
+    starts a new staging (dropping any unfinished one of that origin).
+
+    ``records`` is a sequence of ``u32 length | bus frame`` records (see
+    :func:`encode_snapshot_record`); each frame holds ``Replicated`` commands
+    whose inner commands (exchange and queue declares, binds, enqueues)
+    describe the origin's state at the cut."""
+
+    origin_cluster: str
+    incarnation: int
+    cut: int
+    epoch: int
+    index: int
+    records: Body = b""
+
+
 # key=origin cluster  meta: incarnation u64 | cut u64 | epoch u32 | origin_time_us u64
 #                     tail: the snapshot (see encode_snapshot_record)
 @_command(
@@ -576,8 +611,11 @@ class Replicated(_CommandBase):
 )
 @dataclass(frozen=True, slots=True)
 class ResyncApply(_CommandBase):
-    """A resync snapshot of ``origin_cluster``'s replicated queues, cut at its
-    ``cut`` cseq, applied by every member at this one point of the stream.
+    """A whole resync snapshot of ``origin_cluster``'s replicated queues, cut
+    at its ``cut`` cseq, applied by every member at this one point of the
+    stream: a ``ResyncStage`` of index 0 and a ``ResyncCommit`` of one piece
+    in a single command.  (The ingress sends stages and a commit; this form
+    is kept for small snapshots, tests and captures made before them.)
 
     ``snapshot`` is a sequence of ``u32 length | bus frame`` records (see
     :func:`encode_snapshot_record`); each frame holds ``Replicated`` commands
@@ -591,6 +629,34 @@ class ResyncApply(_CommandBase):
     epoch: int
     origin_time_us: int
     snapshot: Body = b""
+
+
+# key=origin cluster  meta: incarnation u64 | cut u64 | epoch u32 | origin_time_us u64
+#                           | pieces u32
+@_command(
+    Kind.RESYNC_COMMIT,
+    key="origin_cluster",
+    meta=[
+        ("incarnation", Int64ub),
+        ("cut", Int64ub),
+        ("epoch", Int32ub),
+        ("origin_time_us", Int64ub),
+        ("pieces", Int32ub),
+    ],
+)
+@dataclass(frozen=True, slots=True)
+class ResyncCommit(_CommandBase):
+    """The end of a staged resync of ``origin_cluster`` cut at ``cut``: every
+    member installs, at this one point of the stream, the ``pieces``
+    ``ResyncStage`` pieces it staged, replacing what the site holds of the
+    origin.  Staged pieces of another cut, epoch or count install nothing."""
+
+    origin_cluster: str
+    incarnation: int
+    cut: int
+    epoch: int
+    origin_time_us: int
+    pieces: int
 
 
 Command: TypeAlias = (
@@ -618,6 +684,8 @@ Command: TypeAlias = (
     | MemberReady
     | Genesis
     | ResyncApply
+    | ResyncStage
+    | ResyncCommit
 )
 
 if set(_CODECS) != {int(k) for k in Kind}:  # pragma: no cover - a kind without a command

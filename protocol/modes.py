@@ -142,8 +142,8 @@ def limit_value(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value if value >= 0 else None
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)  # "¹" is a digit to str.isdigit(), not to int()
     return None
 
 

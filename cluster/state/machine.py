@@ -17,7 +17,7 @@ commands it carries.  The first command of a site has cseq 1.  View changes
 
 Local commands (from this site's clients and tools) are dispatched by type
 through ``_LOCAL``; a command may be refused (a :class:`Refused` effect and a
-counter, no change to the state).  ``Replicated`` and ``ResyncApply`` commands
+counter, no change to the state).  ``Replicated`` commands and resyncs
 go through the merge rules R1-R7 (docs/state.md): their admission, R3 and R7
 are decided in :mod:`cluster.state.merge`, their inner commands go through
 ``_REMOTE``.
@@ -59,7 +59,8 @@ from cluster.state.queues import (
     forget_reports,
     purge_available,
 )
-from cluster.state.replica import replicated, resync_apply
+from cluster.state.replica import replicated
+from cluster.state.resync import resync_apply, resync_commit, resync_stage
 from protocol.cluster import (
     Accept,
     AcceptIncarnation,
@@ -81,6 +82,8 @@ from protocol.cluster import (
     Release,
     Replicated,
     ResyncApply,
+    ResyncCommit,
+    ResyncStage,
     RulesSwitch,
     SessionClose,
     SessionOpen,
@@ -659,6 +662,8 @@ _LOCAL: dict[type, Callable[[SiteState, Any, Sender | None, Effects], None]] = {
     RulesSwitch: _rules_switch,
     Replicated: replicated,
     ResyncApply: resync_apply,
+    ResyncStage: resync_stage,
+    ResyncCommit: resync_commit,
     Enqueue: _bare_replica_command,
     Dequeue: _bare_replica_command,
     Promote: _promote,

@@ -1,5 +1,6 @@
-"""Another site's stream applied here: ``Replicated`` commands and the
-``ResyncApply`` snapshot, through the merge rules R1-R7 (docs/state.md).
+"""Another site's stream applied here: ``Replicated`` commands, through the
+merge rules R1-R7 (docs/state.md).  A resync's snapshot goes through the
+same handlers from :mod:`cluster.state.resync`.
 
 Their admission, R3 and R7 are decided in :mod:`cluster.state.merge`; the
 inner commands a ``Replicated`` carries go through ``_REMOTE``, which maps
@@ -30,10 +31,9 @@ from cluster.state.model import (
     SiteState,
     describe_args,
 )
-from cluster.state.queues import delete_queue, drop_bindings_to, forget_hold, purge_available
+from cluster.state.queues import delete_queue, forget_hold, purge_available
 from protocol.cluster import (
     Bind,
-    Command,
     Dequeue,
     Enqueue,
     ExchangeDeclare,
@@ -42,11 +42,8 @@ from protocol.cluster import (
     QueueDeclare,
     QueueDelete,
     Replicated,
-    ResyncApply,
     Unbind,
-    iter_snapshot_untrusted,
 )
-from protocol.errors import DrgateError
 from protocol.modes import Mode
 
 Effects = list[Effect]
@@ -84,7 +81,7 @@ def replicated(state: SiteState, cmd: Replicated, sender: Sender | None, eff: Ef
     outcome(Outcome.APPLIED)
 
 
-def _replica_of(state: SiteState, origin: str, name: str) -> Queue | None:
+def replica_of(state: SiteState, origin: str, name: str) -> Queue | None:
     q = state.queues.get(name)
     if q is not None and q.replica is not None and q.replica.origin == origin:
         return q
@@ -117,7 +114,7 @@ def _local_queue_text(q: Queue) -> str:
     return f"{kind} {describe_args(q.args)} with {q.depth} messages"
 
 
-def _r_queue_declare(
+def r_queue_declare(
     state: SiteState, origin: str, mode: Mode, cmd: QueueDeclare, eff: Effects
 ) -> None:
     if mode == Mode.NONE:
@@ -162,7 +159,7 @@ def _r_queue_delete(
     delete_queue(state, q, eff)
 
 
-def _r_exchange_declare(
+def r_exchange_declare(
     state: SiteState, origin: str, mode: Mode, cmd: ExchangeDeclare, eff: Effects
 ) -> None:
     ex = state.exchanges.get(cmd.exchange)
@@ -210,9 +207,9 @@ def _r_exchange_delete(
     del state.exchanges[cmd.exchange]
 
 
-def _r_bind(state: SiteState, origin: str, mode: Mode, cmd: Bind, eff: Effects) -> None:
+def r_bind(state: SiteState, origin: str, mode: Mode, cmd: Bind, eff: Effects) -> None:
     ex = state.exchanges.get(cmd.exchange)
-    if ex is None or cmd.exchange == "" or _replica_of(state, origin, cmd.queue) is None:
+    if ex is None or cmd.exchange == "" or replica_of(state, origin, cmd.queue) is None:
         state.count("replicated_missing_queue")
         return
     ex.bindings[(cmd.queue, cmd.binding_key)] = dict(cmd.args)
@@ -220,14 +217,14 @@ def _r_bind(state: SiteState, origin: str, mode: Mode, cmd: Bind, eff: Effects) 
 
 def _r_unbind(state: SiteState, origin: str, mode: Mode, cmd: Unbind, eff: Effects) -> None:
     ex = state.exchanges.get(cmd.exchange)
-    if ex is None or _replica_of(state, origin, cmd.queue) is None:
+    if ex is None or replica_of(state, origin, cmd.queue) is None:
         state.count("replicated_missing_queue")
         return
     ex.bindings.pop((cmd.queue, cmd.binding_key), None)
 
 
 def _r_enqueue(state: SiteState, origin: str, mode: Mode, cmd: Enqueue, eff: Effects) -> None:
-    q = _replica_of(state, origin, cmd.queue)
+    q = replica_of(state, origin, cmd.queue)
     if q is None:
         state.count("replicated_missing_queue")
         return
@@ -255,7 +252,7 @@ def _r_enqueue(state: SiteState, origin: str, mode: Mode, cmd: Enqueue, eff: Eff
 
 
 def _r_dequeue(state: SiteState, origin: str, mode: Mode, cmd: Dequeue, eff: Effects) -> None:
-    q = _replica_of(state, origin, cmd.queue)
+    q = replica_of(state, origin, cmd.queue)
     if q is None:
         state.count("replicated_missing_queue")
         return
@@ -279,7 +276,7 @@ def _r_dequeue(state: SiteState, origin: str, mode: Mode, cmd: Dequeue, eff: Eff
 
 
 def _r_purge(state: SiteState, origin: str, mode: Mode, cmd: Purge, eff: Effects) -> None:
-    q = _replica_of(state, origin, cmd.queue)
+    q = replica_of(state, origin, cmd.queue)
     if q is None:
         state.count("replicated_missing_queue")
         return
@@ -293,11 +290,11 @@ def _r_purge(state: SiteState, origin: str, mode: Mode, cmd: Purge, eff: Effects
 
 
 _REMOTE: dict[type, Callable[[SiteState, str, Mode, Any, Effects], None]] = {
-    QueueDeclare: _r_queue_declare,
+    QueueDeclare: r_queue_declare,
     QueueDelete: _r_queue_delete,
-    ExchangeDeclare: _r_exchange_declare,
+    ExchangeDeclare: r_exchange_declare,
     ExchangeDelete: _r_exchange_delete,
-    Bind: _r_bind,
+    Bind: r_bind,
     Unbind: _r_unbind,
     Enqueue: _r_enqueue,
     Dequeue: _r_dequeue,
@@ -305,84 +302,3 @@ _REMOTE: dict[type, Callable[[SiteState, str, Mode, Any, Effects], None]] = {
 }
 """The inner commands a ``Replicated`` command may carry; any other kind is
 skipped and counted as ``replicated_unsupported``."""
-
-
-# --------------------------------------------------------------------------
-# Resync: a snapshot of an origin's replicated queues, applied at one point
-# --------------------------------------------------------------------------
-
-
-def resync_apply(state: SiteState, cmd: ResyncApply, sender: Sender | None, eff: Effects) -> None:
-    """Replace what this site holds of ``cmd.origin_cluster`` by its snapshot.
-
-    Checked like a ``Replicated`` command first (own origin, R7 fencing, the
-    accepted incarnation, R1 by the cut), and the snapshot is decoded whole
-    before anything changes, so a bad snapshot changes nothing.  Then:
-    replicas of the origin absent from the snapshot are deleted; ``full``
-    replicas (and a queue changing to ``full``) are deleted and re-created
-    with the origin's messages and positions; ``enqueue`` and ``wiring``
-    replicas are kept and their bindings replaced; ``enqueue`` queues take
-    only messages above their ``high_pos`` mark (so nothing this site's
-    consumers took comes back), the mark starting again from 0 when the
-    incarnation is new to this site.  ``applied[incarnation]`` becomes the cut.
-    """
-
-    def outcome(o: Outcome) -> None:
-        eff.append(ReplicatedOutcome(cmd.origin_cluster, cmd.incarnation, cmd.cut, cmd.epoch, o))
-
-    origin = cmd.origin_cluster
-    refusal = admit(state, origin, cmd.incarnation, cmd.cut, cmd.epoch)
-    if refusal is not None:
-        outcome(refusal)
-        return
-    o = state.origins[origin]
-    try:
-        records = list(iter_snapshot_untrusted(cmd.snapshot))
-    except DrgateError:
-        state.count("ignored")
-        return
-    new_incarnation = cmd.incarnation not in o.applied
-    # The snapshot, in its order: exchanges, then per queue its declare,
-    # bindings and messages.
-    exchanges: dict[str, ExchangeDeclare] = {}
-    declares: dict[str, tuple[Mode, QueueDeclare]] = {}
-    rest: list[tuple[Mode, Command]] = []
-    for record in records:
-        for mode, inner in zip(record.modes, record.commands, strict=False):
-            if isinstance(inner, ExchangeDeclare):
-                exchanges[inner.exchange] = inner
-            elif isinstance(inner, QueueDeclare):
-                declares[inner.queue] = (mode, inner)
-            elif isinstance(inner, Bind | Enqueue):
-                rest.append((mode, inner))
-            else:
-                state.count("replicated_unsupported")
-    for name in [
-        n
-        for n, x in state.exchanges.items()
-        if x.replica_origin == origin and not x.predeclared and n not in exchanges
-    ]:
-        del state.exchanges[name]
-    for x in exchanges.values():
-        _r_exchange_declare(state, origin, Mode.WIRING, x, eff)
-    for q in [q for q in state.queues.values() if q.replica is not None]:
-        assert q.replica is not None
-        if q.replica.origin != origin:
-            continue
-        wanted = declares.get(q.name)
-        if wanted is None or wanted[0] == Mode.FULL or q.replica.mode == Mode.FULL:
-            delete_queue(state, q, eff)
-        else:
-            drop_bindings_to(state, q.name)
-            if new_incarnation:
-                q.replica.high_pos = 0
-    for mode, declare in declares.values():
-        _r_queue_declare(state, origin, mode, declare, eff)
-    for mode, inner in rest:
-        if isinstance(inner, Bind):
-            _r_bind(state, origin, mode, inner, eff)
-        else:
-            assert isinstance(inner, Enqueue)
-            _r_enqueue(state, origin, mode, inner, eff)
-    record_applied(state, origin, cmd.incarnation, cmd.cut, cmd.epoch, cmd.origin_time_us)
-    outcome(Outcome.APPLIED)

@@ -26,6 +26,7 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
                   | u32 n | n x exchange
                   | u32 n | n x queue
                   | u32 n | n x session
+                  | u32 n | n x staged
     origin     := name str16 | incarnation u64 | epoch u32 | promoted u8
                   | promoted_time_us u64 | last_time_us u64 | last_cseq u64
                   | refused_incarnation u64 | u32 n | n x (incarnation u64 | cseq u64)
@@ -37,6 +38,9 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
     message    := pos u64 | origin_pos u64 | flags u8 (1 redelivered, 2 has properties)
                   | message_id str16 | [properties map] | body bytes32
     session    := id u64 | u32 n | n x (queue str16 | u32 m | m x (pos u64 | consumer u32))
+    staged     := origin str16 | incarnation u64 | cut u64 | epoch u32 | pieces u32
+                  | records bytes32        (a resync being staged, re-encoded as
+                                            snapshot records: cluster.state.resync)
 
 Every collection is written in its insertion order, which is the same on
 every member (the state machine never iterates unordered sets), so the
@@ -51,14 +55,24 @@ from collections.abc import Callable
 from typing import Any
 
 from cluster.state.effects import Message
-from cluster.state.model import COUNTERS, Exchange, Origin, Queue, Replica, Session, SiteState
+from cluster.state.model import (
+    COUNTERS,
+    Exchange,
+    Origin,
+    Queue,
+    Replica,
+    Session,
+    SiteState,
+    StagedResync,
+)
+from cluster.state.resync import stage_records, staged_records
 from protocol.cluster import ExchangeType
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.modes import Mode, Role
 from protocol.values import Value, ValueMap, pack_value_map, unpack_value_map_untrusted
 
 MAGIC = b"DRGS"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 
 _HEAD = struct.Struct(">4sHH")
 _U8 = struct.Struct(">B")
@@ -71,6 +85,8 @@ _MSG = struct.Struct(">QQBH")
 _READY = struct.Struct(">IIB")
 #   pos u64 | consumer u32
 _HELD = struct.Struct(">QI")
+#   incarnation u64 | cut u64 | epoch u32 | pieces u32
+_STAGED = struct.Struct(">QQII")
 
 _REDELIVERED = 1
 _HAS_PROPERTIES = 2
@@ -184,6 +200,11 @@ def snapshot(state: SiteState) -> bytes:
             _str16(out, qname)
             out.append(_U32.pack(len(held)))
             out.extend(_HELD.pack(pos, consumer) for pos, consumer in held.items())
+    out.append(_U32.pack(len(state.staged)))
+    for origin_name, staged in state.staged.items():
+        _str16(out, origin_name)
+        out.append(_STAGED.pack(staged.incarnation, staged.cut, staged.epoch, staged.pieces))
+        _bytes32(out, staged_records(origin_name, staged))
     try:
         return b"".join(out)
     except TypeError as exc:  # pragma: no cover - a body that is not bytes
@@ -417,6 +438,14 @@ def _restore(r: _Reader) -> SiteState:
                 held[pos] = consumer
             s.acquired[qname] = held
         st.sessions[s.id] = s
+    for _ in range(r.u32()):
+        origin_name = r.str16()
+        incarnation, cut, epoch, pieces = r.unpack(_STAGED)
+        staged = StagedResync(incarnation, cut, epoch)
+        if not stage_records(st, staged, r.bytes32()):
+            raise RemoteProtocolError(f"snapshot: the resync staged from {origin_name} is corrupt")
+        staged.pieces = pieces
+        st.staged[origin_name] = staged
     if r.off != len(data):
         raise RemoteProtocolError(f"snapshot has {len(data) - r.off} trailing bytes")
     for q in st.queues.values():

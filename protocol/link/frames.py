@@ -75,9 +75,11 @@ LINK_MINOR: Final = 1
 LINK_MINOR_OLDEST: Final = 1
 
 HEADER_SIZE: Final = 13
-# 16 MiB: far above a batch of a few hundred small messages (the usual frame),
-# small enough that one hostile length field cannot make us buffer gigabytes.
-DEFAULT_MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
+# 17 MiB: room for one message of the broker's largest size (16 MiB, its
+# max-message-size) with its headers, in an event or a resync chunk; far above
+# a batch of a few hundred small messages (the usual frame), and small enough
+# that one hostile length field cannot make us buffer gigabytes.
+DEFAULT_MAX_FRAME_BYTES: Final = 17 * 1024 * 1024
 
 U32_MAX: Final = 2**32 - 1
 U64_MAX: Final = 2**64 - 1
@@ -386,6 +388,12 @@ class ResyncBegin:
     total_chunks: int
     total_bytes: int
     scope: str = ""
+
+
+def is_streamed(begin: ResyncBegin) -> bool:
+    """A RESYNC_BEGIN of 0 chunks and 0 bytes announces a streamed resync:
+    chunks are made as they are sent, and RESYNC_END carries the totals."""
+    return begin.total_chunks == 0 and begin.total_bytes == 0
 
 
 @dataclass(frozen=True, slots=True)

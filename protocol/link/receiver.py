@@ -86,6 +86,7 @@ from protocol.link.frames import (
     Welcome,
     check_minor_untrusted,
     encode_frame,
+    is_streamed,
     remote_error,
 )
 from protocol.link.machine import Failure, TransitionTable
@@ -418,13 +419,15 @@ class LinkReceiver:
             case ResyncEnd():
                 begin = self._resync
                 assert begin is not None
-                if (frame.cut_seq, frame.total_chunks, frame.total_bytes) != (
-                    begin.cut_seq,
-                    begin.total_chunks,
-                    begin.total_bytes,
-                ) or (self._resync_index, self._resync_bytes) != (
-                    begin.total_chunks,
-                    begin.total_bytes,
+                announced = (
+                    (frame.total_chunks, frame.total_bytes)
+                    if is_streamed(begin)
+                    else (begin.total_chunks, begin.total_bytes)
+                )
+                if (
+                    frame.cut_seq != begin.cut_seq
+                    or (frame.total_chunks, frame.total_bytes) != announced
+                    or (self._resync_index, self._resync_bytes) != announced
                 ):
                     raise remote_error(
                         LinkErrorCode.MALFORMED,
@@ -506,7 +509,7 @@ class LinkReceiver:
                 LinkErrorCode.OUT_OF_ORDER,
                 f"resync chunk {chunk.index} where chunk {self._resync_index} was expected",
             )
-        if (
+        if not is_streamed(begin) and (
             chunk.index >= begin.total_chunks
             or self._resync_bytes + len(chunk.data) > begin.total_bytes
         ):

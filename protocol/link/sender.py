@@ -79,6 +79,7 @@ from protocol.link.frames import (
     batch_frame_bytes,
     check_minor_untrusted,
     encode_frame,
+    is_streamed,
     pack_events,
     remote_error,
 )
@@ -310,11 +311,12 @@ class LinkSender:
         self._queued_events += 1
 
     def begin_resync(
-        self, cut_seq: int, *, total_chunks: int, total_bytes: int, scope: str = ""
+        self, cut_seq: int, *, total_chunks: int = 0, total_bytes: int = 0, scope: str = ""
     ) -> None:
         """Queue RESYNC_BEGIN: a snapshot cut at ``cut_seq`` follows in
-        ``total_chunks`` chunks of ``total_bytes`` in all.  Events queued after
-        it need seq > cut_seq."""
+        ``total_chunks`` chunks of ``total_bytes`` in all, or, with both 0, in
+        chunks made as they are sent (a streamed resync: RESYNC_END carries
+        the totals).  Events queued after it need seq > cut_seq."""
         if cut_seq < self._last_queued_seq:
             raise LocalProtocolError(
                 f"resync cut {cut_seq} is below seq {self._last_queued_seq} already queued"
@@ -338,7 +340,7 @@ class LinkSender:
         """Queue the next resync chunk (its index is given by the order of calls)."""
         self._apply(SenderInput.SEND_CHUNK)
         assert self._resync is not None
-        if self._resync_chunks >= self._resync.total_chunks:
+        if not is_streamed(self._resync) and self._resync_chunks >= self._resync.total_chunks:
             raise LocalProtocolError(f"resync announced {self._resync.total_chunks} chunks only")
         if len(data) + HEADER_SIZE + 9 > self.config.max_frame_bytes:
             raise LocalProtocolError(f"resync chunk of {len(data)} bytes cannot fit a frame")
@@ -350,8 +352,10 @@ class LinkSender:
     def end_resync(self) -> None:
         """Queue RESYNC_END; every announced chunk must have been queued."""
         begin = self._resync
-        if begin is not None and (
-            self._resync_chunks != begin.total_chunks or self._resync_bytes != begin.total_bytes
+        if (
+            begin is not None
+            and not is_streamed(begin)
+            and (self._resync_chunks, self._resync_bytes) != (begin.total_chunks, begin.total_bytes)
         ):
             raise LocalProtocolError(
                 f"resync announced {begin.total_chunks} chunks of {begin.total_bytes} bytes, "
@@ -359,7 +363,7 @@ class LinkSender:
             )
         self._apply(SenderInput.END_RESYNC)
         assert begin is not None
-        self._queue.append(ResyncEnd(begin.cut_seq, begin.total_chunks, begin.total_bytes))
+        self._queue.append(ResyncEnd(begin.cut_seq, self._resync_chunks, self._resync_bytes))
         self._resync = None
         for event in self._held:
             self._queue.append(event)
@@ -636,6 +640,11 @@ class LinkSender:
             if self._queued_events and not self._window_full and self._linger_start is not None:
                 deadlines.append(self._linger_start + self.config.linger)
         return min(deadlines)
+
+    @property
+    def queued(self) -> int:
+        """Items (events, resync frames) queued and not yet sent."""
+        return len(self._queue)
 
     @property
     def window_full(self) -> bool:

@@ -224,3 +224,34 @@ async def test_a_gap_found_by_d_is_healed_by_a_resync(
         assert begin.cut_seq == site.member.state.cseq
         assert site.egress.gaps == 1
         assert site.egress.link_statistics().gaps_total == 1
+
+
+async def test_a_resync_is_made_as_the_window_takes_it(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """P holds one chunk beyond the window, however big the snapshot: a D
+    that acks nothing gets one window's worth, and the rest is not encoded."""
+    site = Site(tmp_path, events=0)
+    site.member.apply(pc.QueueDeclare("q-full"))
+    for i in range(600):
+        site.member.apply(pc.Publish("", "q-full", bytes(10_000), f"m-{i}"))
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 0, window=1_500_000)  # one chunk of about 1 MiB in flight
+        begin = await d.next_of(link.ResyncBegin)
+        assert (begin.total_chunks, begin.total_bytes) == (0, 0)  # streamed
+        await d.next_of(link.ResyncChunk)
+        await d.pump_for(10)  # no ack: the egress must stop making chunks
+        resync = site.egress.status.resync
+        assert resync.chunks <= 2, f"{resync.chunks} chunks made for one in flight"
+        assert resync.messages == 600 and resync.messages_done < 300
+        chunks = 1
+        while True:
+            d.machine.ack_chunk()
+            ev = await d.next_of((link.ResyncChunk, link.ResyncEnd))
+            if isinstance(ev, link.ResyncEnd):
+                break
+            chunks += 1
+        assert ev.total_chunks == chunks >= 6
+        assert ev.total_bytes > 6_000_000
+        assert resync.messages_done == 600 and resync.progress_ratio == 1.0

@@ -10,6 +10,7 @@ from pathlib import Path
 import trio
 import trio.testing
 
+from cluster import state as st
 from gateway import resync as rs
 from gateway.ingress import Ingress
 from gateway.roles import SidecarRole
@@ -130,31 +131,43 @@ async def test_a_promotion_closes_an_open_link(
     assert member.state.origins["site-p"].applied[INCARNATION] == 1
 
 
-async def test_resync_is_applied_at_its_cut_then_acked(
+async def test_resync_is_staged_in_pieces_and_installed_at_its_cut_then_acked(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     p = MemberStandIn("site-p")
     p.apply(pc.QueueDeclare("q-full"), pc.QueueDeclare("q-local"))
+    for i in range(300):
+        p.apply(pc.Publish("", "q-full", b"x" * 100, f"m-{i}"))
     rules = sidecar_config(tmp_path, primary=True, site="site-p", peer="site-d").rules
     plan = rs.plan_snapshot(p.state, rules)
-    records = await rs.encode_snapshot(plan, rules, origin="site-p", epoch=1, time_us=5)
-    chunks = rs.chunk_records(records)
+    stream = rs.SnapshotStream(plan, rules, origin="site-p", epoch=1, time_us=5, chunk_bytes=4096)
+    chunks = list(stream.chunks())
+    assert len(chunks) > 3
     member = MemberStandIn("site-d")
     ingress = make_ingress(tmp_path, member)
     async with connected(ingress) as end:
         await hello(end)
-        total = sum(map(len, chunks))
-        end.machine.begin_resync(plan.cut, total_chunks=len(chunks), total_bytes=total)
+        end.machine.begin_resync(plan.cut)  # streamed: the totals come at the end
         for chunk in chunks:
             end.machine.send_chunk(chunk)
-        end.machine.end_resync()
         acked = await end.next_of(link.Acked)
+        while acked.resync_chunks < len(chunks):
+            acked = await end.next_of(link.Acked)
+        # Every piece is staged at D, and no client can see any of it yet.
+        assert member.state.staged["site-p"].pieces == len(chunks)
+        assert "q-full" not in member.state.queues
+        end.machine.end_resync()
         while acked.seq < plan.cut:
             acked = await end.next_of(link.Acked)
         assert acked.seq == plan.cut
-        assert isinstance(member.applied[-1], pc.ResyncApply)
+        assert [type(c) for c in member.applied[-len(chunks) - 1 :]] == [pc.ResyncStage] * len(
+            chunks
+        ) + [pc.ResyncCommit]
         assert member.state.origins["site-p"].applied[INCARNATION] == plan.cut
+        assert member.state.origins["site-p"].last_time_us == 5
         assert set(member.state.queues) == {"q-full"}  # q-local is not replicated
+        assert st.queue_digest(member.state, "q-full") == st.queue_digest(p.state, "q-full")
+        assert not member.state.staged
         assert ingress.status.resync.total == 1
         assert not ingress.status.resync.active
 

@@ -110,6 +110,7 @@ def test_every_snapshot_field_becomes_a_metric_with_constant_labels() -> None:
         ("drgate_resyncs_total", ()): 2,
         ("drgate_resync_progress_ratio", ()): 0.25,
         ("drgate_resync_bytes_total", ()): 4096,
+        ("drgate_resync_chunks_done", ()): 3,
         ("drgate_rules_version", ()): 3,
         ("drgate_rules_reload_failures_total", ()): 1,
         ("drgate_rules_file_invalid", ()): 0,
@@ -302,6 +303,7 @@ def test_status_document_of_an_ingress_keeps_the_compatibility_fields() -> None:
         "progress_ratio": 0.0,
         "bytes_total": 0,
         "messages": 0,
+        "chunks_done": 0,
         "promoted": True,
         "epoch": 4,
     }

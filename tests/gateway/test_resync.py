@@ -17,16 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
 from cluster import state as st
 from filters.rules import load_rules
 from gateway import resync as rs
 from lab.site import LAB_RULES, TwoSites, finish_client
 from protocol import cluster as pc
-from protocol.values import Value
 from tests.lab import BUSES, converged, queues, require_bus, status, wait_for
-from tests.support.state import genesis_state
+from tests.support.state import genesis_state, p_with_messages
 
 DEADLINE_S = 60.0
 MODES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring", "q-none": "none"}
@@ -111,6 +109,42 @@ def test_empty_d_is_seeded_by_resync_while_p_takes_traffic(two: TwoSites) -> Non
     assert took < DEADLINE_S
 
 
+# More than the 60 MiB a resync could carry when it crossed D's bus as one
+# command: 2 x 34,000 messages of 1 KiB.
+BIG = 34_000
+BIG_BODY = 1000
+
+
+@pytest.mark.e2e
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_resync_bigger_than_one_bus_command_seeds_d(two: TwoSites) -> None:
+    # Until the snapshot was staged in pieces, this one exceeded the ingress's
+    # 60 MiB limit: refused, and retried by the egress for ever.
+    publishers = [
+        two.p.client_popen(
+            1, "publish", two.p.amqp[1], queue, "--count", str(BIG), "--size", str(BIG_BODY)
+        )
+        for queue in ("q-full", "q-enq")
+    ]
+    for p in publishers:
+        assert finish_client(p)["accepted"] == BIG
+    started = time.monotonic()
+    two.start_d_sidecars()
+    wait_for(
+        "D's full replica equals P's queue",
+        lambda: converged(two, queue="q-full"),
+        timeout=180,
+    )
+    print(f"resync of {2 * BIG} messages of {BIG_BODY} B: {time.monotonic() - started:.1f} s")
+    sent = max((status(two, "site-p", n)["resync"] for n in two.nodes), key=lambda r: r["total"])
+    assert sent["bytes_total"] > 64 * 1024 * 1024
+    assert sent["total"] == 1  # one resync, not a retried one
+    staged = max(status(two, "site-d", n)["resync"]["chunks_done"] for n in two.nodes)
+    assert staged > 60  # about 1 MiB a piece through D's bus
+    check_enqueue(two, BIG)
+
+
 @pytest.mark.e2e
 @pytest.mark.integration
 @pytest.mark.slow
@@ -123,7 +157,7 @@ def test_wan_cut_during_a_resync_restarts_it(two_any: TwoSites) -> None:
 
     def midway() -> bool:
         resync = status(two, "site-d", 1)["resync"]
-        return bool(resync["active"]) and 0 < resync["progress_ratio"] < 1
+        return bool(resync["active"]) and resync["chunks_done"] > 0
 
     wait_for("D's ingress is in the middle of a resync", midway)
     for n in two.nodes:
@@ -162,35 +196,16 @@ def test_rules_switch_none_to_full_brings_existing_messages(two: TwoSites) -> No
 # ---------------------------------------------------------------------------
 
 
-def _p_with_messages(n: int) -> st.SiteState:
-    p = genesis_state("site-p", 7)
-    for queue, mode in (("q-full", "all"), ("q-enq", "all"), ("q-wire", "configuration")):
-        args: dict[str, Value] = {"qpid.replicate": mode}
-        if queue == "q-enq":
-            args["qpid.queue_event_generation"] = 1
-        st.apply(p, pc.QueueDeclare(queue, args))
-    st.apply(p, pc.ExchangeDeclare("ex", pc.ExchangeType.FANOUT))
-    st.apply(p, pc.Bind("ex", "q-wire", ""))
-    for i in range(1, n + 1):
-        st.apply(p, pc.Publish("", "q-full", f"f{i}".encode(), f"m-{i}"))
-        st.apply(p, pc.Publish("", "q-enq", f"e{i}".encode(), f"m-{i}"))
-    return p
-
-
 def _resync(p: st.SiteState, epoch: int = 1) -> pc.ResyncApply:
     rules = load_rules(LAB_RULES.read_text(), str(LAB_RULES))
     plan = rs.plan_snapshot(p, rules)
-
-    async def encode() -> list[bytes]:
-        return await rs.encode_snapshot(plan, rules, origin="site-p", epoch=epoch, time_us=123)
-
-    records = trio.run(encode)
-    snapshot = b"".join(rs.chunk_records(records, chunk_bytes=512))
+    stream = rs.SnapshotStream(plan, rules, origin="site-p", epoch=epoch, time_us=123)
+    snapshot = b"".join(stream.chunks())
     return pc.ResyncApply("site-p", p.incarnation, plan.cut, epoch, 123, snapshot)
 
 
 def test_resync_apply_replaces_full_and_keeps_what_d_consumed() -> None:
-    p = _p_with_messages(50)
+    p = p_with_messages(50)
     d = genesis_state("site-d", 9)
     # A frame round trip, as it crosses D's bus.
     (cmd,) = pc.decode_frame_untrusted(pc.encode_frame([_resync(p)]))
@@ -228,9 +243,9 @@ def test_resync_apply_replaces_full_and_keeps_what_d_consumed() -> None:
 
 def test_resync_apply_is_refused_for_an_unaccepted_incarnation_and_bad_bytes() -> None:
     d = genesis_state("site-d", 9)
-    st.apply(d, _resync(_p_with_messages(5)))
+    st.apply(d, _resync(p_with_messages(5)))
     before = st.queue_digest(d, "q-full")
-    reborn = _p_with_messages(2)
+    reborn = p_with_messages(2)
     reborn.incarnation = 8
     effects = st.apply(d, _resync(reborn))
     assert any(getattr(e, "outcome", None) == st.Outcome.INCARNATION for e in effects)
@@ -249,7 +264,7 @@ def test_resync_apply_is_refused_for_an_unaccepted_incarnation_and_bad_bytes() -
 
 def test_resync_after_promotion_is_fenced() -> None:
     d = genesis_state("site-d", 9)
-    p = _p_with_messages(3)
+    p = p_with_messages(3)
     st.apply(d, _resync(p))
     st.apply(d, pc.Promote("site-p", 2, 0))
     st.apply(p, pc.Publish("", "q-full", b"late", "late"))

@@ -70,6 +70,7 @@ def test_d_down_while_every_spool_overflowed_is_resynced_without_redelivery(
 
 
 def test_active_egress_killed_mid_resync_restarts_it_on_the_standby(two: TwoSites) -> None:
+    wait_for("D holds P's queues", lambda: set(MODES) <= set(queues(two.d.describe(1))))
     for n in two.nodes:
         two.d.kill(f"sidecar-{n}", signal.SIGKILL)
     for publisher in [publish(two, q, 3000) for q in ("q-enq", "q-full")]:

@@ -12,7 +12,7 @@ from cluster.bus.contract import MemberId
 from cluster.state import SiteState, apply, new_state, session_id
 from filters.rules import load_rules
 from filters.switch import RulesPayload
-from gateway.tap import ReplEvent, Tap
+from gateway.tap import SWITCH_EVENT_MAX_BYTES, SWITCH_EVENT_MAX_MESSAGES, ReplEvent, Tap
 from protocol import cluster as pc
 from protocol.modes import Mode
 
@@ -326,3 +326,26 @@ def test_a_bad_switch_keeps_the_old_rules_and_forwards_nothing() -> None:
     assert site.forwarded(pc.Publish("", "f.q", b"m", ref=1)) == [
         (Mode.FULL, pc.Enqueue("dr.f.q", 1, b"m"))
     ]
+
+
+@pytest.mark.parametrize(
+    ("count", "size"),
+    [(SWITCH_EVENT_MAX_MESSAGES + 1, 1), (40, SWITCH_EVENT_MAX_BYTES // 32)],
+    ids=["many messages", "many bytes"],
+)
+def test_a_switch_of_a_queue_too_big_for_one_event_goes_by_a_resync(count: int, size: int) -> None:
+    # 65,535 messages used to make the event's frame fail in every tap at once.
+    site = Site()
+    site.run(pc.QueueDeclare("q.1", {"a": 1}))
+    for i in range(count):
+        site.run(pc.Publish("", "q.1", bytes(size), ref=i + 1))
+    before = site.tap.last_seq
+    event = site.run(pc.RulesSwitch(RulesPayload.for_text(switched("full"), 1).to_bytes()))
+    assert event is None  # no event: a gap at this cseq, which a resync closes
+    assert site.tap.resyncs_requested == 1
+    assert site.tap.last_seq == site.state.cseq > before
+    after = site.run(pc.Publish("", "q.1", b"next", ref=count + 1))
+    assert after is not None and after.prev_seq == site.state.cseq - 1
+    (replicated,) = pc.decode_frame_untrusted(after.payload)
+    assert isinstance(replicated, pc.Replicated)
+    assert replicated.modes == (Mode.FULL,)  # the new rules are in force

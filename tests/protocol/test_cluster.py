@@ -61,6 +61,8 @@ simple_commands = st.one_of(
     st.builds(c.MemberReady, st.sampled_from(Role), u32, u32),
     st.builds(c.Genesis, names, u64),
     st.builds(c.ResyncApply, names, u64, u64, u32, u64, bodies),
+    st.builds(c.ResyncCommit, names, u64, u64, u32, u64, u32),
+    st.builds(c.ResyncStage, names, u64, u64, u32, u32, bodies),
 )
 
 
@@ -159,6 +161,29 @@ SAMPLES: dict[str, c.Command] = {
                 )
             ]
         ),
+    ),
+    "resync_stage": c.ResyncStage(
+        "site-p",
+        0x1122334455667788,
+        1000,
+        1,
+        3,
+        c.encode_snapshot_record(
+            [
+                c.Replicated(
+                    "site-p",
+                    0x1122334455667788,
+                    1000,
+                    1,
+                    1_700_000_000_000_000,
+                    (Mode.ENQUEUE,),
+                    (c.Enqueue("orders", 8, b"body", "m-8", {}),),
+                )
+            ]
+        ),
+    ),
+    "resync_commit": c.ResyncCommit(
+        "site-p", 0x1122334455667788, 1000, 1, 1_700_000_000_000_000, 4
     ),
 }
 

@@ -623,6 +623,30 @@ def test_resync_end_must_match_its_begin() -> None:
     assert info.value.code == LinkErrorCode.OUT_OF_ORDER
 
 
+def test_a_streamed_resync_announces_its_totals_at_the_end() -> None:
+    pair = LinkPair(resume_from=0, window=3000, sender={"linger": 0.0})
+    chunks = [os.urandom(700 + i) for i in range(7)]
+    pair.sender.begin_resync(500)  # no totals: chunks are made as they go
+    for chunk in chunks:
+        pair.sender.send_chunk(chunk)
+    pair.sender.end_resync()
+    pair.run_until(0.2)
+    assert pair.receiver_events[0] == ResyncBegin(EPOCH, 500, 0, 0)
+    assert [e.data for e in pair.receiver_events if isinstance(e, ResyncChunk)] == chunks
+    total = sum(map(len, chunks))
+    assert pair.receiver_events[-1] == ResyncEnd(500, 7, total)
+    # An END whose totals are not what arrived is refused, streamed or not.
+    pair = LinkPair()
+    pair.receiver.receive_data(
+        encode_frame(ResyncBegin(EPOCH, 10, 0, 0))
+        + encode_frame(ResyncChunk(0, b"abc"))
+        + encode_frame(ResyncEnd(10, 2, 6))
+    )
+    with pytest.raises(RemoteProtocolError) as info:
+        pair.drain_receiver()
+    assert info.value.code == LinkErrorCode.MALFORMED
+
+
 # ---------------------------------------------------------------------------
 # continuity: every event names the previous forwarded one
 # ---------------------------------------------------------------------------

@@ -54,7 +54,16 @@ def test_check_declare_args_accepts_generation_and_limits_as_text() -> None:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [(5, 5), (0, 0), ("12", 12), (-1, None), (True, None), ("1.5", None), (None, None)],
+    [
+        (5, 5),
+        (0, 0),
+        ("12", 12),
+        (-1, None),
+        (True, None),
+        ("1.5", None),
+        (None, None),
+        ("¹", None),  # a digit to str.isdigit(), not to int()
+    ],
 )
 def test_limit_value(value: object, expected: int | None) -> None:
     assert limit_value(value) == expected

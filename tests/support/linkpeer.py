@@ -109,7 +109,7 @@ class LinkEnd:
         with trio.move_on_after(seconds):
             await self.next_of(_Never, within=seconds + 1)
 
-    async def next_of(self, kind: type, *, within: float = 30.0) -> Any:
+    async def next_of(self, kind: type | tuple[type, ...], *, within: float = 30.0) -> Any:
         """Pump until the machine hands out an event of ``kind`` (others are
         kept in ``events``); fails after ``within`` seconds (virtual time)."""
         with trio.fail_after(within):

@@ -116,7 +116,7 @@ def full_snapshot() -> SidecarStatistics:
             "max_depth_refused": 11,
         },
         resync=ResyncSection(
-            active=True, total=2, progress_ratio=0.25, bytes_total=4096, messages=0
+            active=True, total=2, progress_ratio=0.25, bytes_total=4096, messages=0, chunks_done=3
         ),
         rules=RulesSection(version=3, failed_reloads_total=1, file_problem="", digest="ab12"),
         state_transfer=StateTransferSection(count_total=1, seconds_total=1.5),
