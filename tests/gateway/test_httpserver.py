@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import base64
+import ssl
+import urllib.error
+import urllib.request
+from pathlib import Path
+
 import pytest
 import trio
+import trustme
 
+from cluster.tls import WebTls
+from cluster.webconfig import WebConfig
 from gateway import httpserver
 from gateway.httpserver import serve_http
+from tests.gateway.test_webconfig import FAST_HASHER
 from tests.support.statistics import broker
 
 pytestmark = pytest.mark.integration
@@ -48,3 +58,60 @@ async def test_clients_that_send_nothing_do_not_lock_out_a_scrape(idle: int) -> 
     finally:
         for stream in silent:
             await trio.aclose_forcefully(stream)
+
+
+def scrape_https(
+    port: int, context: ssl.SSLContext, credentials: tuple[str, str] | None
+) -> tuple[int, str | None]:
+    """GET /metrics over HTTPS with urllib: (status, WWW-Authenticate header)."""
+    request = urllib.request.Request(f"https://127.0.0.1:{port}/metrics")
+    if credentials is not None:
+        token = base64.b64encode(":".join(credentials).encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=5) as response:
+            return response.status, response.headers.get("WWW-Authenticate")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("WWW-Authenticate")
+
+
+async def test_tls_with_client_certificates_and_basic_auth(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    server_cert = ca.issue_cert("127.0.0.1")
+    server_cert.cert_chain_pems[0].write_to_path(str(tmp_path / "server.pem"))
+    server_cert.private_key_pem.write_to_path(str(tmp_path / "server.key"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    web = WebConfig(
+        path="web.yml",
+        tls=WebTls(
+            cert=str(tmp_path / "server.pem"),
+            key=str(tmp_path / "server.key"),
+            client_ca=str(tmp_path / "ca.pem"),
+            client_auth="RequireAndVerifyClientCert",
+        ),
+        users=(("prometheus", FAST_HASHER.hash("s3cret")),),
+    )
+    with_cert = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+    ca.issue_cert("prometheus.test").configure_cert(with_cert)
+    without_cert = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+
+    async with trio.open_nursery() as nursery:
+        port = await start_server(nursery, web=web)
+        with trio.fail_after(20):
+            for credentials, expected in [
+                (("prometheus", "s3cret"), (200, None)),
+                (("prometheus", "s3cret"), (200, None)),  # again, from the cache
+                (("prometheus", "wrong"), (401, 'Basic realm="drgate", charset="UTF-8"')),
+                (("nobody", "s3cret"), (401, 'Basic realm="drgate", charset="UTF-8"')),
+                (None, (401, 'Basic realm="drgate", charset="UTF-8"')),
+            ]:
+                got = await trio.to_thread.run_sync(scrape_https, port, with_cert, credentials)
+                assert got == expected, credentials
+            with pytest.raises((ssl.SSLError, ConnectionError, urllib.error.URLError)) as caught:
+                await trio.to_thread.run_sync(
+                    scrape_https, port, without_cert, ("prometheus", "s3cret")
+                )
+            # Refused at the handshake (TLS 1.3: the client learns it at its
+            # first read), never an HTTP answer.
+            assert not isinstance(caught.value, urllib.error.HTTPError)
+        nursery.cancel_scope.cancel()
