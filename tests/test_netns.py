@@ -1,0 +1,26 @@
+"""lab.netns without root: the corosync.conf and authkey it writes (the site itself is in
+the corosync suite, e.g. tests/cluster/bus/test_contract.py)."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from lab.netns import AUTHKEY_BYTES, CorosyncSite
+
+
+def test_every_node_encrypts_the_ring_with_the_sites_authkey(tmp_path: Path) -> None:
+    site = CorosyncSite("siteA", nodes=3, workdir=tmp_path / "siteA")
+    key = site.ensure_authkey()
+    assert key == tmp_path / "siteA" / "authkey"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o400
+    secret = key.read_bytes()
+    assert len(secret) == AUTHKEY_BYTES
+    assert site.ensure_authkey().read_bytes() == secret  # kept, not replaced
+    for node in site.nodes:
+        totem = site.corosync_conf(node).split("totem {\n", 1)[1].split("}\n", 1)[0]
+        lines = {line.strip() for line in totem.splitlines()}
+        assert {"transport: knet", "crypto_cipher: aes256", "crypto_hash: sha256"} <= lines
+        assert f"keyfile: {key}" in lines
+    other = CorosyncSite("siteB", nodes=3, workdir=tmp_path / "siteB")
+    assert other.ensure_authkey().read_bytes() != secret
