@@ -3,10 +3,14 @@ the corosync suite, e.g. tests/cluster/bus/test_contract.py)."""
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
-from lab.netns import AUTHKEY_BYTES, CorosyncSite
+import pytest
+
+from lab.netns import AUTHKEY_BYTES, CorosyncSite, LabError, LabNode
+from tests.lab import require_corosync
 
 
 def test_every_node_encrypts_the_ring_with_the_sites_authkey(tmp_path: Path) -> None:
@@ -24,3 +28,27 @@ def test_every_node_encrypts_the_ring_with_the_sites_authkey(tmp_path: Path) -> 
         assert f"keyfile: {key}" in lines
     other = CorosyncSite("siteB", nodes=3, workdir=tmp_path / "siteB")
     assert other.ensure_authkey().read_bytes() != secret
+
+
+@pytest.mark.corosync
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_node_with_another_key_never_joins_the_ring() -> None:
+    require_corosync()
+    site = CorosyncSite("keyA", nodes=2, subnet="10.213.9", prefix="dgK")
+    own_conf = site.corosync_conf
+    stranger = site.workdir / "another-authkey"
+    stranger.write_bytes(os.urandom(AUTHKEY_BYTES))
+
+    def conf(node: LabNode) -> str:
+        text = own_conf(node)
+        return text.replace(str(site.authkey_path), str(stranger)) if node.nodeid == 2 else text
+
+    site.corosync_conf = conf  # type: ignore[method-assign]
+    try:
+        with pytest.raises(LabError):
+            site.up(timeout=6)
+        assert site.members_seen_by(1) == (1, False)
+        assert "Unable to decrypt packet" in site.node(1).log_path.read_text()
+    finally:
+        site.down()
