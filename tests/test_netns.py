@@ -35,7 +35,7 @@ def test_every_node_encrypts_the_ring_with_the_sites_authkey(tmp_path: Path) -> 
 @pytest.mark.slow
 def test_a_node_with_another_key_never_joins_the_ring() -> None:
     require_corosync()
-    site = CorosyncSite("keyA", nodes=2, subnet="10.213.9", prefix="dgK")
+    site = CorosyncSite("keyA", nodes=2, subnet="10.213.30", prefix="dgK")
     own_conf = site.corosync_conf
     stranger = site.workdir / "another-authkey"
     stranger.write_bytes(os.urandom(AUTHKEY_BYTES))
