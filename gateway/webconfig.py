@@ -136,6 +136,13 @@ def _load_users(node: Node, problems: Problems) -> tuple[tuple[str, str], ...]:
     users = []
     for user, value in (fields or {}).items():
         what = f"the password hash of user {user!r}"
+        if ":" in user:
+            problems.error(
+                node.keys[user],
+                f"user name {user!r} holds ':', which basic auth cannot carry",
+                "choose a name without ':'",
+            )
+            continue
         hashed = expect_str(value, problems, what=what)
         if hashed is None:
             continue

@@ -115,3 +115,18 @@ async def test_tls_with_client_certificates_and_basic_auth(tmp_path: Path) -> No
             # first read), never an HTTP answer.
             assert not isinstance(caught.value, urllib.error.HTTPError)
         nursery.cancel_scope.cancel()
+
+
+async def test_another_interface_without_a_web_config_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            lambda task_status: serve_http("0.0.0.0", 0, snapshot=broker, task_status=task_status)
+        )
+        await start_server(nursery)  # loopback: no warning
+        nursery.cancel_scope.cancel()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert "0.0.0.0" in warnings[0]
+    assert "web_config" in warnings[0]

@@ -93,6 +93,7 @@ def test_a_web_config_with_tls_and_users_is_typed_once(tmp_path: Path) -> None:
             ["needs 'client_ca_file'"],
         ),
         ("tls_server_config: {cert_file: nowhere.pem, key_file: metrics.key}\n", ["not a file"]),
+        ("basic_auth_users: {'a:b': x}\n", ["holds ':'"]),
         ("basic_auth_user: {}\n", ["unknown key 'basic_auth_user'", "basic_auth_users"]),
     ],
 )
