@@ -59,6 +59,7 @@ from cluster.member import NullObserver, SiteMember
 from cluster.state.model import SiteState
 from cluster.statistics import BusSection, NodeStatistics
 from cluster.tls import TlsFiles, server_context
+from cluster.webconfig import WebConfig
 from protocol import cluster as pc
 from protocol.errors import DrgateError
 from protocol.modes import Role
@@ -90,6 +91,7 @@ class BrokerConfig:
     amqp: Address = LOOPBACK_AMQP  # the AMQP listener
     tls: TlsFiles | None = None  # mutual TLS for AMQP clients; None: plain TCP
     metrics: Address | None = None  # observability (served by gateway/commands/broker.py)
+    metrics_web: WebConfig | None = None  # its TLS and basic auth; None: plain HTTP
 
 
 @dataclass(slots=True)

@@ -19,7 +19,11 @@ Broker config (``drgate broker --config FILE``)::
         cert: /etc/drgate/broker.pem
         key: /etc/drgate/broker.key
         ca: /etc/drgate/ca.pem
-    metrics: 0.0.0.0:9465      # optional: /metrics and /status (docs/observability.md)
+    metrics:                   # optional: /metrics and /status (docs/observability.md)
+      listen: 127.0.0.1:9465   # the default; another interface wants a web_config
+      web_config: /etc/drgate/web-config.yml   # optional: TLS and basic auth
+
+``metrics: HOST:PORT`` is short for ``metrics: {listen: HOST:PORT}``.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ from cluster.addresses import Address, parse_address
 from cluster.bus import BusConfig
 from cluster.node import BrokerConfig
 from cluster.tls import TlsFiles
+from cluster.webconfig import WebConfig
 from filters.matcher import RuleSet
 from filters.yamldoc import Node, Problems, check_keys, expect_int, expect_str, parse
 from gateway.capture import load_capture
 from gateway.sidecar import SidecarConfig
+from gateway.webconfig import load_web_config
 from protocol.errors import ConfigError, Location, Problem, RulesError
 
 BUS_BACKENDS = ("embedded", "corosync")
@@ -42,6 +48,11 @@ BUS_BACKENDS = ("embedded", "corosync")
 DEFAULT_GROUP = "drgate"
 # Every interface, the AMQP port: a broker serves the clients of its site.
 DEFAULT_AMQP = Address("0.0.0.0", 5672)
+# /metrics and /status: loopback unless the config says otherwise, since they
+# tell whoever asks the site's topology, queues and lag; a broker and its
+# sidecar on one host need two ports.
+DEFAULT_BROKER_METRICS = Address("127.0.0.1", 9465)
+DEFAULT_SIDECAR_METRICS = Address("127.0.0.1", 9464)
 
 
 def read_text(path: str) -> str:
@@ -127,6 +138,33 @@ def load_tls(node: Node, problems: Problems, *, path: str, key: str) -> TlsFiles
     return TlsFiles(cert=files["cert"], key=files["key"], ca=files["ca"])
 
 
+def load_metrics(
+    node: Node, problems: Problems, *, path: str, default: Address
+) -> tuple[Address | None, WebConfig | None]:
+    """``metrics``: ``HOST:PORT``, or ``{listen: HOST:PORT, web_config: FILE}``
+    with ``listen`` defaulting to ``default`` (loopback).  The web config
+    file is relative to the config file ``path``."""
+    if node.kind == "scalar":
+        return load_address(node, problems, what="'metrics'"), None
+    fields = check_keys(node, problems, what="'metrics'", optional=("listen", "web_config"))
+    if fields is None:
+        return None, None
+    listen: Address | None = default
+    if "listen" in fields:
+        listen = load_address(fields["listen"], problems, what="'metrics.listen'")
+    web = None
+    if "web_config" in fields:
+        web_path = expect_str(fields["web_config"], problems, what="'metrics.web_config'")
+        if web_path is not None:
+            web = load_web_config(
+                beside(path, web_path),
+                problems,
+                key="'metrics.web_config'",
+                location=fields["web_config"].location,
+            )
+    return listen, web
+
+
 def load_bus(node: Node, problems: Problems, *, node_id: int) -> BusConfig | None:
     fields = check_keys(
         node, problems, what="'bus'", required=("backend",), optional=("group", "address")
@@ -185,9 +223,11 @@ def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
             )
         if amqp is not None and "tls" in amqp:
             tls = load_tls(amqp["tls"], problems, path=path, key="amqp.tls")
-    metrics = None
+    metrics, metrics_web = None, None
     if "metrics" in fields:
-        metrics = load_address(fields["metrics"], problems, what="'metrics'")
+        metrics, metrics_web = load_metrics(
+            fields["metrics"], problems, path=path, default=DEFAULT_BROKER_METRICS
+        )
     problems.raise_if_any(ConfigError)
     if cluster is None or node_id is None or bus is None:
         raise AssertionError("a missing value was not reported as a problem")
@@ -198,6 +238,7 @@ def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
         amqp=amqp_listen,
         tls=tls,
         metrics=metrics,
+        metrics_web=metrics_web,
     )
 
 
@@ -227,7 +268,7 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         bus: {backend: corosync, group: drgate}
         spool: {directory: /var/lib/drgate/spool, max_bytes: 1073741824, fsync: batch}
         rules: /etc/drgate/rules.yaml
-        metrics: 0.0.0.0:9464
+        metrics: 127.0.0.1:9464  # or {listen: ..., web_config: ...}
         tls: {cert: ..., key: ..., ca: ...}
 
     At D, ``listen: 0.0.0.0:7500`` instead of ``peers``.
@@ -263,9 +304,11 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         spool_dir, spool_max, fsync = _load_spool(fields["spool"], problems, path=path)
     rules_path = text_of("rules")
     rules = None if rules_path is None else _load_rules(beside(path, rules_path), problems)
-    metrics = (
-        load_address(fields["metrics"], problems, what="'metrics'") if "metrics" in fields else None
-    )
+    metrics, metrics_web = None, None
+    if "metrics" in fields:
+        metrics, metrics_web = load_metrics(
+            fields["metrics"], problems, path=path, default=DEFAULT_SIDECAR_METRICS
+        )
     tls = load_tls(fields["tls"], problems, path=path, key="tls") if "tls" in fields else None
     capture = load_capture(fields["capture"], problems) if "capture" in fields else None
     if capture is not None:
@@ -287,6 +330,7 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         rules=rules,
         tls=tls,
         metrics=metrics,
+        metrics_web=metrics_web,
         capture=capture,
     )
 

@@ -34,6 +34,7 @@ from cluster.state.effects import Effect
 from cluster.state.model import SiteState
 from cluster.statistics import BusSection
 from cluster.tls import TlsFiles, client_context, server_context
+from cluster.webconfig import WebConfig
 from filters.matcher import RuleSet
 from gateway.capture import CaptureConfig, CaptureSink, capture_role
 from gateway.egress import CONNECT_TIMEOUT_S, Connector, Egress
@@ -77,6 +78,7 @@ class SidecarConfig:
     rules: RuleSet
     tls: TlsFiles | None = None
     metrics: Address | None = None
+    metrics_web: WebConfig | None = None  # the endpoint's TLS and basic auth
     capture: CaptureConfig | None = None
 
 

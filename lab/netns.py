@@ -12,7 +12,9 @@ site appears in the root namespace and deleting the namespaces deletes the
 links.  Each corosync runs as
 ``ip netns exec Pn1 unshare -m sh -c 'mount --bind RUN /run && exec corosync -f -c CONF'``:
 a private ``/run`` (corosync's pid lock is compiled in at /run/corosync.pid)
-and ``system { state_dir }`` in the node's own directory.  Clients started
+and ``system { state_dir }`` in the node's own directory.  The ring is knet
+with AES-256 and SHA-256 under one random authkey per site (``authkey`` in the
+site's folder, made if absent).  Clients started
 with :meth:`CorosyncSite.popen_in` reach that node's corosync only (its IPC
 sockets are abstract unix sockets, which belong to the namespace).
 
@@ -52,6 +54,10 @@ TOKEN_MS = 1000
 MEMBERSHIP_TIMEOUT_S = 30.0
 STOP_GRACE_S = 5.0
 STATE_FILE = "lab-site.json"
+# The site's shared corosync key, in the site's folder; its size is
+# corosync-keygen's default (knet takes 1024 to 4096 bits).
+AUTHKEY_FILE = "authkey"
+AUTHKEY_BYTES = 256
 
 
 def lab_unavailable_reason() -> str | None:
@@ -154,6 +160,7 @@ class CorosyncSite(Started):
         if reason:
             raise LabError(reason)
         self._remove_stale()
+        self.ensure_authkey()
         self._add_netns(self.bridge_netns)
         _run(["ip", "-n", self.bridge_netns, "link", "add", "br0", "type", "bridge"])
         _run(["ip", "-n", self.bridge_netns, "link", "set", "br0", "up"])
@@ -173,8 +180,29 @@ class CorosyncSite(Started):
         self.save_state()
         self.wait_membership(timeout=timeout)
 
+    @property
+    def authkey_path(self) -> Path:
+        return self.workdir / AUTHKEY_FILE
+
+    def ensure_authkey(self) -> Path:
+        """The site's corosync authkey, made if absent as ``corosync-keygen -l``
+        makes one: ``AUTHKEY_BYTES`` random bytes, mode 0400.  One key per site
+        (every node's ``totem.keyfile`` names it); a key already there is kept."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.authkey_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        except FileExistsError:
+            return self.authkey_path
+        with os.fdopen(fd, "wb") as key:
+            key.write(os.urandom(AUTHKEY_BYTES))
+        return self.authkey_path
+
     def corosync_conf(self, node: LabNode) -> str:
-        """The node's corosync.conf (one key per line: corosync's parser wants it)."""
+        """The node's corosync.conf (one key per line: corosync's parser wants it).
+
+        knet encrypts and authenticates every packet with the site's authkey
+        (:meth:`ensure_authkey`): a host on the ring's network that lacks the
+        key can neither read the bus nor join it."""
         nodelist = "".join(
             "    node {\n"
             f"        ring0_addr: {n.address}\n"
@@ -188,8 +216,9 @@ class CorosyncSite(Started):
             "    version: 2\n"
             f"    cluster_name: {self.name}\n"
             "    transport: knet\n"
-            "    crypto_cipher: none\n"
-            "    crypto_hash: none\n"
+            "    crypto_cipher: aes256\n"
+            "    crypto_hash: sha256\n"
+            f"    keyfile: {self.authkey_path}\n"
             f"    token: {self.token_ms}\n"
             "}\n"
             f"nodelist {{\n{nodelist}}}\n"

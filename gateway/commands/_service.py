@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from cluster.addresses import Address
+from cluster.webconfig import WebConfig
 from gateway.logs import FORMATS
 
 if TYPE_CHECKING:  # the metrics server is imported only when one is configured
@@ -36,14 +37,16 @@ async def start_metrics(
     snapshot: SnapshotFunction,
     *,
     command: str,
+    web: WebConfig | None = None,
 ) -> None:
     """Serve ``/metrics`` and ``/status`` of ``snapshot`` at ``address`` in
-    ``nursery``, and print ``drgate COMMAND: metrics on HOST:PORT`` once bound
-    (the lab reads the port from that line)."""
+    ``nursery``, with the TLS and basic auth of ``web`` (None: plain HTTP),
+    and print ``drgate COMMAND: metrics on HOST:PORT`` once bound (the lab
+    reads the port from that line)."""
     from gateway.httpserver import serve_http
 
     bound = await nursery.start(
-        functools.partial(serve_http, address.host, address.port, snapshot=snapshot)
+        functools.partial(serve_http, address.host, address.port, snapshot=snapshot, web=web)
     )
     print(f"drgate {command}: metrics on {Address(address.host, bound)}", flush=True)
 

@@ -40,7 +40,13 @@ async def serve_broker(config: BrokerConfig) -> None:
         async with trio.open_nursery() as nursery:
             port = await nursery.start(node.serve)
             if config.metrics is not None:
-                await start_metrics(nursery, config.metrics, node.statistics, command="broker")
+                await start_metrics(
+                    nursery,
+                    config.metrics,
+                    node.statistics,
+                    command="broker",
+                    web=config.metrics_web,
+                )
             print(
                 f"drgate broker: node {config.node} of {config.cluster} ready, amqp port {port}",
                 flush=True,

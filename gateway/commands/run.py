@@ -44,7 +44,13 @@ async def serve_sidecar(config: SidecarConfig, *, log_format: str | None = None)
         async with trio.open_nursery() as nursery:
             await nursery.start(sidecar.serve)
             if config.metrics is not None:
-                await start_metrics(nursery, config.metrics, sidecar.statistics, command="run")
+                await start_metrics(
+                    nursery,
+                    config.metrics,
+                    sidecar.statistics,
+                    command="run",
+                    web=config.metrics_web,
+                )
             if sidecar.link_port is not None:
                 print(f"drgate run: link listening on port {sidecar.link_port}", flush=True)
             print(

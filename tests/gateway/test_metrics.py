@@ -406,7 +406,7 @@ async def test_serve_http_over_loopback_metrics_and_status() -> None:
 async def test_a_client_that_sends_nothing_is_dropped_after_the_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(httpserver, "REQUEST_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(httpserver, "REQUEST_HEAD_TIMEOUT_S", 0.2)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             port = await nursery.start(
