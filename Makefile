@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 DEB_PKGS := corosync prometheus libssl-dev gcc python3-dev iproute2 procps
 PYTEST_ARGS ?=
 
-.PHONY: demo test check-fast lint typecheck pytest deb venv clean bench-resync
+.PHONY: demo test check-fast fuzz lint typecheck pytest deb venv clean bench-resync
 
 demo: deb $(STAMP)
 	$(VENV)/bin/drgate demo
@@ -20,6 +20,12 @@ test: deb $(STAMP) lint typecheck pytest
 
 check-fast: $(STAMP)
 	$(VENV)/bin/pytest -q -m "not slow and not corosync and not e2e and not spark" $(PYTEST_ARGS)
+
+# The decoders' mutation fuzzers, long: 200000 damaged inputs per decoder
+# (the fast suite runs a few thousand).  FUZZ_ITERATIONS=... for another count.
+FUZZ_ITERATIONS ?= 200000
+fuzz: $(STAMP)
+	DRGATE_FUZZ_ITERATIONS=$(FUZZ_ITERATIONS) $(VENV)/bin/pytest -q tests/fuzz $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -407,9 +407,14 @@ def read_segment(seg: Segment, after: int, budget: int, out: list[Event]) -> int
     with open(seg.path, "rb", buffering=0) as f:
         while offset < end:
             f.seek(offset)
-            data = f.read(min(chunk, end - offset))
-            if not data:
-                raise SpoolCorruptError(seg.path, offset, "segment shorter than indexed")
+            want = min(chunk, end - offset)
+            data = f.read(want)
+            if len(data) < want:  # (a record cut off here would be re-read forever)
+                raise SpoolCorruptError(
+                    seg.path, offset + len(data), "segment shorter than indexed"
+                )
+            if len(data) < HEADER_SIZE:
+                raise SpoolCorruptError(seg.path, offset, "record runs past the end")
             pos = 0
             while pos + HEADER_SIZE <= len(data):
                 length, crc, rseq, prev, time_us = HEADER_STRUCT.unpack_from(data, pos)
@@ -447,7 +452,12 @@ def first_above(seg: Segment, after: int) -> tuple[int, int]:
     with open(seg.path, "rb", buffering=0) as f:
         while offset < seg.size:
             f.seek(offset)
-            data = f.read(min(INDEX_INTERVAL + HEADER_SIZE, seg.size - offset))
+            want = min(INDEX_INTERVAL + HEADER_SIZE, seg.size - offset)
+            data = f.read(want)
+            if len(data) < want:
+                raise SpoolCorruptError(
+                    seg.path, offset + len(data), "segment shorter than indexed"
+                )
             pos = 0
             while pos + HEADER_SIZE <= len(data):
                 length, _crc, seq, _prev, time_us = HEADER_STRUCT.unpack_from(data, pos)
@@ -455,7 +465,7 @@ def first_above(seg: Segment, after: int) -> tuple[int, int]:
                     return ordinal, time_us
                 ordinal += 1
                 pos += HEADER_SIZE + length
-            if not data:
+            if not pos:  # less than a record header left before the indexed end
                 break
             offset += pos
     raise SpoolCorruptError(seg.path, offset, f"no record above seq {after} where indexed")

@@ -51,6 +51,7 @@ import construct as c
 from crc32c import crc32c
 
 from protocol.errors import LocalProtocolError, RemoteProtocolError
+from protocol.exactparse import parse_exact
 from protocol.modes import Mode
 
 __all__ = [
@@ -181,6 +182,8 @@ RECORD_HEAD_FIELDS: Final[tuple[tuple[str, str], ...]] = (
 
 _RECORD_HEAD = struct.Struct(">QQQQIIIBBHBBI")
 RECORD_HEAD_SIZE: Final = _RECORD_HEAD.size
+# the head's last two fields: queue_count u8 | payload_len u32
+_RECORD_LENGTHS = struct.Struct(">BI")
 
 RecordBody = c.Struct(
     "wall_time_us" / c.Int64ub,
@@ -466,8 +469,8 @@ def decode_preamble_untrusted(data: bytes | bytearray | memoryview) -> None:
 
 def _parse(definition: Any, body: bytes, offset: int, what: str) -> Any:
     try:
-        return definition.parse(body)
-    except (c.ConstructError, UnicodeDecodeError, ValueError) as exc:
+        return parse_exact(definition, body)
+    except (c.ConstructError, struct.error, UnicodeDecodeError, ValueError) as exc:
         raise _error(offset, f"bad {what}: {exc}") from None
 
 
@@ -489,6 +492,15 @@ def decode_header_body_untrusted(body: bytes, offset: int = 0) -> SegmentHeader:
         incarnation=parsed.incarnation,
         payloads=bool(parsed.flags & SegmentFlag.PAYLOADS),
     )
+
+
+def _check_record_length(body: bytes, offset: int) -> None:
+    # The scan's checks, in the same order, so both readers give the same error.
+    if len(body) < RECORD_HEAD_SIZE:
+        raise _error(offset, "record shorter than its head")
+    count, payload_len = _RECORD_LENGTHS.unpack_from(body, RECORD_HEAD_SIZE - 5)
+    if len(body) != RECORD_HEAD_SIZE + 4 * count + payload_len:
+        raise _error(offset, "record length disagrees with its head")
 
 
 def _check_record_head(
@@ -611,6 +623,7 @@ class SegmentDecoder:
 
     def _record(self, body: bytes, offset: int) -> CaptureRecord:
         assert self._header is not None
+        _check_record_length(body, offset)
         p = _parse(RecordBody, body, offset, "record")
         _check_record_head(offset, p.mode, p.flags, p.payload_len, self._header.payloads)
         strings = self._strings

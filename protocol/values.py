@@ -86,7 +86,9 @@ def unpack_value_map_untrusted(data: bytes, offset: int = 0) -> tuple[dict[str, 
             if tag == 0:
                 v = None
             elif tag == 1:
-                v = data[off] != 0
+                if data[off] > 1:
+                    raise RemoteProtocolError(f"value map entry {key!r}: bool byte {data[off]}")
+                v = data[off] == 1
                 off += 1
             elif tag == 2:
                 (v,) = _I64.unpack_from(data, off)

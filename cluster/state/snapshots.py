@@ -90,6 +90,7 @@ _STAGED = struct.Struct(">QQII")
 
 _REDELIVERED = 1
 _HAS_PROPERTIES = 2
+_KNOWN_FLAGS = _REDELIVERED | _HAS_PROPERTIES
 
 
 # --------------------------------------------------------------------------
@@ -266,6 +267,12 @@ class _Reader:
         self.off += 1
         return v
 
+    def flag(self, what: str) -> bool:
+        v = self.u8()
+        if v > 1:
+            raise RemoteProtocolError(f"snapshot {what} flag is {v}, not 0 or 1")
+        return v == 1
+
     def u16(self) -> int:
         (v,) = _U16.unpack_from(self.data, self.off)
         self.off += 2
@@ -319,7 +326,7 @@ restore: Callable[[bytes | bytearray | memoryview], SiteState] = restore_untrust
 
 
 def _restore(r: _Reader) -> SiteState:
-    magic, version, _reserved = r.unpack(_HEAD)
+    magic, version, reserved = r.unpack(_HEAD)
     if magic != MAGIC:
         raise RemoteProtocolError(f"not a drgate state snapshot (magic {magic!r})")
     if version != SNAPSHOT_VERSION:
@@ -327,6 +334,8 @@ def _restore(r: _Reader) -> SiteState:
             f"snapshot version {version} is not supported (this member reads "
             f"{SNAPSHOT_VERSION}); run the same drgate release on every member of a site"
         )
+    if reserved:
+        raise RemoteProtocolError(f"snapshot reserved field is {reserved:#x}, not 0")
     st = SiteState()
     st.cluster = r.str16()
     st.incarnation = r.u64()
@@ -358,7 +367,9 @@ def _restore(r: _Reader) -> SiteState:
             o.refused_incarnation,
             n,
         ) = r.unpack(struct.Struct(">QIBQQQQI"))
-        o.promoted = bool(promoted)
+        if promoted > 1:
+            raise RemoteProtocolError(f"snapshot origin {o.name!r}: promoted flag is {promoted}")
+        o.promoted = promoted == 1
         for _ in range(n):
             inc = r.u64()
             o.applied[inc] = r.u64()
@@ -369,7 +380,7 @@ def _restore(r: _Reader) -> SiteState:
     for _ in range(r.u32()):
         name = r.str16()
         type_ = ExchangeType(r.u8())
-        predeclared = bool(r.u8())
+        predeclared = r.flag("predeclared")
         replica_origin = r.str16()
         ex = Exchange(name, type_, r.map(), predeclared=predeclared, replica_origin=replica_origin)
         for _ in range(r.u32()):
@@ -383,7 +394,7 @@ def _restore(r: _Reader) -> SiteState:
         args = r.map()
         next_pos = r.u64()
         replica = None
-        if r.u8():
+        if r.flag("replica"):
             origin_name = r.str16()
             replica = Replica(origin_name, Mode(r.u8()), r.u64())
         q = Queue(name, args, replica)
@@ -400,6 +411,8 @@ def _restore(r: _Reader) -> SiteState:
         for _ in range(count):
             pos, origin_pos, flags, mid_len = unpack_msg(data, off)
             off += _MSG.size
+            if flags & ~_KNOWN_FLAGS:
+                raise RemoteProtocolError(f"snapshot queue {name!r}: message flags {flags:#x}")
             mid = data[off : off + mid_len].decode("utf-8")
             off += mid_len
             props = None

@@ -24,8 +24,9 @@ with its byte layout drawn above it.  Parsed construct containers never leave
 this module (their ``_io`` keys stay here): decoders turn them into the frozen
 dataclasses below, check enum values explicitly (construct lets unknown values
 through as ints) and end every payload with ``Terminated`` so trailing bytes
-are refused.  CRCs are computed beside the structs (``Checksum`` and
-``RawCopy`` do not compile).
+are refused; they parse with :func:`protocol.exactparse.parse_exact`, so a
+string whose length claims more bytes than are left is refused too.  CRCs
+are computed beside the structs (``Checksum`` and ``RawCopy`` do not compile).
 
 Functions that decode bytes from the network are named ``*_untrusted`` and
 raise only :class:`protocol.errors.RemoteProtocolError`, whose ``code`` is a
@@ -58,6 +59,7 @@ from construct import (
 )
 
 from protocol.errors import LocalProtocolError, RemoteProtocolError
+from protocol.exactparse import parse_exact
 from protocol.link.events import LinkEvent
 
 LINK_MAGIC: Final = b"DG"
@@ -664,12 +666,12 @@ def _decode_payload(header: FrameHeader, payload: bytes, max_frame_bytes: int) -
     if ftype is FrameType.BATCH:
         return _decode_batch(payload, compressed, max_frame_bytes)
     if ftype is FrameType.RESYNC_CHUNK:
-        c = RESYNC_CHUNK.parse(payload)
+        c = parse_exact(RESYNC_CHUNK, payload)
         codec = _codec(c["codec"], compressed, "RESYNC_CHUNK")
         data = _decompress(codec, c["data"], c["raw_length"], max_frame_bytes)
         return ResyncChunk(index=c["index"], data=data, codec=codec)
     if ftype is FrameType.HELLO:
-        c = HELLO.parse(payload)
+        c = parse_exact(HELLO, payload)
         return Hello(
             origin_cluster=c["origin_cluster"],
             target_cluster=c["target_cluster"],
@@ -681,7 +683,7 @@ def _decode_payload(header: FrameHeader, payload: bytes, max_frame_bytes: int) -
             minor=c["minor"],
         )
     if ftype is FrameType.WELCOME:
-        c = WELCOME.parse(payload)
+        c = parse_exact(WELCOME, payload)
         return Welcome(
             origin_cluster=c["origin_cluster"],
             target_cluster=c["target_cluster"],
@@ -693,14 +695,14 @@ def _decode_payload(header: FrameHeader, payload: bytes, max_frame_bytes: int) -
             minor=c["minor"],
         )
     if ftype is FrameType.ACK:
-        c = ACK.parse(payload)
+        c = parse_exact(ACK, payload)
         return Ack(seq=c["seq"], resync_chunks=c["resync_chunks"])
     if ftype is FrameType.PING:
-        return Ping(timestamp_us=PING.parse(payload)["timestamp_us"])
+        return Ping(timestamp_us=parse_exact(PING, payload)["timestamp_us"])
     if ftype is FrameType.PONG:
-        return Pong(timestamp_us=PONG.parse(payload)["timestamp_us"])
+        return Pong(timestamp_us=parse_exact(PONG, payload)["timestamp_us"])
     if ftype is FrameType.RESYNC_BEGIN:
-        c = RESYNC_BEGIN.parse(payload)
+        c = parse_exact(RESYNC_BEGIN, payload)
         return ResyncBegin(
             epoch=c["epoch"],
             cut_seq=c["cut_seq"],
@@ -709,11 +711,11 @@ def _decode_payload(header: FrameHeader, payload: bytes, max_frame_bytes: int) -
             scope=c["scope"],
         )
     if ftype is FrameType.RESYNC_END:
-        c = RESYNC_END.parse(payload)
+        c = parse_exact(RESYNC_END, payload)
         return ResyncEnd(
             cut_seq=c["cut_seq"], total_chunks=c["total_chunks"], total_bytes=c["total_bytes"]
         )
-    c = ERROR.parse(payload)
+    c = parse_exact(ERROR, payload)
     if c["retriable"] not in (0, 1):
         raise remote_error(
             LinkErrorCode.MALFORMED, f"ERROR retriable byte {c['retriable']} is not 0 or 1"
