@@ -423,8 +423,12 @@ def parse_sasl_frame_untrusted(buffer: bytes) -> tuple[int, list[Any], int] | No
         value = data.get_object()
     except Exception as exc:  # DataException on bad bytes
         raise RemoteProtocolError(f"undecodable SASL frame: {exc}") from exc
-    if not isinstance(value, proton.Described) or not isinstance(value.value, list):
-        raise RemoteProtocolError("a SASL frame must hold a described list")
+    if (
+        not isinstance(value, proton.Described)
+        or not isinstance(value.descriptor, int)
+        or not isinstance(value.value, list)
+    ):
+        raise RemoteProtocolError("a SASL frame must hold a list described by a number")
     return int(value.descriptor), list(value.value), size
 
 
@@ -470,6 +474,7 @@ async def authenticate_untrusted(
         if not chunk:
             return None, b""
         buffer += chunk
+    principal: Principal | None = None
     if not buffer.startswith(SASL_HEADER):
         # No SASL: the AMQP header (or garbage, which Proton answers).
         principal = auth.external(certificate) or auth.anonymous()
@@ -494,7 +499,6 @@ async def authenticate_untrusted(
     except RemoteProtocolError as exc:
         log.info("amqp peer=%s refused: %s", peer, exc)
         return None, b""
-    principal: Principal | None = None
     if mechanism in offered:
         if mechanism == "EXTERNAL" or (mechanism == "ANONYMOUS" and certificate):
             # Under TLS the certificate names the client whatever it picked.

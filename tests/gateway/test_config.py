@@ -27,7 +27,7 @@ bus:
   group: site-p
   address: 127.0.0.1:7400
 amqp:
-  listen: 0.0.0.0:5673
+  listen: 127.0.0.1:5673
 """
 
 
@@ -112,7 +112,7 @@ BROKER_MISTAKES = [
     ),
     (
         "bad HOST:PORT",
-        BROKER.replace("0.0.0.0:5673", "localhost"),
+        BROKER.replace("127.0.0.1:5673", "localhost"),
         8,
         11,
         ["'amqp.listen' must be HOST:PORT, got 'localhost'", "for example 127.0.0.1:5672"],
@@ -176,7 +176,7 @@ def test_broker_config_mistakes_name_file_line_column(
 
 
 def test_broker_config_reports_every_mistake_at_once_in_file_order(tmp_path: Path) -> None:
-    text = BROKER.replace("node: 2", "node: two").replace("0.0.0.0:5673", "nowhere")
+    text = BROKER.replace("node: 2", "node: two").replace("127.0.0.1:5673", "nowhere")
     path = write(tmp_path, "broker.yaml", text + "extra: 1\n")
     with pytest.raises(ConfigError) as caught:
         load_broker_config(str(path))
@@ -202,7 +202,7 @@ def test_valid_broker_config_builds_the_frozen_object(tmp_path: Path) -> None:
         bus=BusConfig(
             backend="embedded", group="site-p", node=2, address=Address("127.0.0.1", 7400)
         ),
-        amqp=Address("0.0.0.0", 5673),
+        amqp=Address("127.0.0.1", 5673),
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.node = 3  # type: ignore[misc]
@@ -216,7 +216,7 @@ def test_broker_config_defaults_and_tls(tmp_path: Path) -> None:
     )
     config = load_broker_config("inline.yaml", text)
     assert config.bus == BusConfig(backend="corosync", group="drgate", node=7, address=None)
-    assert config.amqp == Address("0.0.0.0", 5672)
+    assert config.amqp == Address("127.0.0.1", 5672)
     assert config.tls == TlsFiles(cert=str(pem), key=str(pem), ca=str(pem))
 
 
