@@ -378,8 +378,8 @@ class Authenticator:
 def encode_sasl_frame(descriptor: int, fields: list[Any]) -> bytes:
     """One SASL frame: the header, then the performative as a described list.
 
-    ``fields`` holds ``proton.symbol`` lists (sent as symbol arrays), ints
-    (sent as ubyte: the only int SASL sends is the code) and bytes.
+    ``fields`` holds lists of names (sent as symbol arrays), names (symbols),
+    ints (sent as ubyte: the only int SASL sends is the code) and bytes.
     """
     data = Data()
     data.put_described()
@@ -396,6 +396,8 @@ def encode_sasl_frame(descriptor: int, fields: list[Any]) -> bytes:
             data.exit()
         elif isinstance(value, int):
             data.put_ubyte(value)
+        elif isinstance(value, str):
+            data.put_symbol(proton.symbol(value))
         else:
             data.put_binary(bytes(value))
     data.exit()
@@ -429,7 +431,9 @@ def parse_sasl_frame_untrusted(buffer: bytes) -> tuple[int, list[Any], int] | No
         or not isinstance(value.value, list)
     ):
         raise RemoteProtocolError("a SASL frame must hold a list described by a number")
-    return int(value.descriptor), list(value.value), size
+    # Binary fields are views of the decoder's buffer: copy them while it lives.
+    fields = [bytes(v) if isinstance(v, memoryview) else v for v in value.value]
+    return int(value.descriptor), fields, size
 
 
 def mechanisms_frame(mechanisms: tuple[str, ...]) -> bytes:

@@ -55,8 +55,8 @@ from cluster.amqp import (
     serve_amqp,
 )
 from cluster.amqpauth import AmqpSecurity, Principal
-from cluster.bus import BusConfig, MemberId, ViewChange
-from cluster.member import NullObserver, SiteMember
+from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
+from cluster.member import BusOpener, NullObserver, SiteMember
 from cluster.state.model import SiteState
 from cluster.statistics import BusSection, NodeStatistics
 from cluster.tls import TlsFiles, server_context
@@ -118,9 +118,11 @@ class _Consumer:
 class BrokerNode(NullObserver):
     """One broker.  ``await nursery.start(node.serve)`` reports the AMQP port."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, *, open_member: BusOpener = open_bus) -> None:
         self.config = config
-        self.member = SiteMember(config.cluster, config.bus, role=Role.BROKER, observer=self)
+        self.member = SiteMember(
+            config.cluster, config.bus, role=Role.BROKER, observer=self, open_member=open_member
+        )
         self._refs = itertools.count(1)
         self._pending: dict[int, InboundDelivery] = {}
         # Publishes of ours submitted and not yet applied: ref -> bytes.
