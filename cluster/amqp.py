@@ -48,9 +48,11 @@ from proton import Condition, Delivery, Endpoint, Event, Link, Message, Terminus
 
 from cluster.amqpauth import (
     OPEN_RIGHTS,
+    PLAINTEXT_WARNING,
     AmqpSecurity,
     Authenticator,
     Principal,
+    connection_cap_refusal,
     is_loopback,
     open_client_untrusted,
 )
@@ -826,6 +828,8 @@ async def serve_amqp(
         ssl_context is not None,
         " ".join(auth.mechanisms()),
     )
+    if ssl_context is None and not is_loopback(host):
+        log.warning("amqp listener %s:%d: %s", host, bound, PLAINTEXT_WARNING)
     active = 0
 
     async def serve_one(stream: trio.SocketStream) -> None:
@@ -870,14 +874,7 @@ async def _serve_connection(
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             await conn_stream.aclose()
         return
-    refusal = None
-    if full:
-        refusal = (
-            "amqp:resource-limit-exceeded",
-            f"this broker node serves at most {auth.security.max_connections} connections; "
-            "retry later or use another node of the site (the limit is "
-            "'amqp.max_connections' in its config)",
-        )
+    refusal = connection_cap_refusal(auth.security.max_connections) if full else None
     conn = AmqpConnection(
         handler,
         conn_stream,

@@ -63,6 +63,7 @@ __all__ = [
     "ANONYMOUS",
     "DEFAULT_MAX_CONNECTIONS",
     "OPEN_RIGHTS",
+    "PLAINTEXT_WARNING",
     "SASL_HEADER",
     "AmqpSecurity",
     "Authenticator",
@@ -70,6 +71,7 @@ __all__ = [
     "User",
     "authenticate_untrusted",
     "certificate_identity",
+    "connection_cap_refusal",
     "is_loopback",
     "listener_problems",
     "load_users",
@@ -168,6 +170,21 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+PLAINTEXT_WARNING = (
+    "not loopback and no TLS (amqp.allow_plaintext): passwords and messages cross the "
+    "network in clear"
+)
+
+
+def connection_cap_refusal(max_connections: int) -> tuple[str, str]:
+    """The error (condition, description) of a connection beyond the cap."""
+    return (
+        "amqp:resource-limit-exceeded",
+        f"this broker node serves at most {max_connections} connections; retry later or "
+        "use another node of the site (the limit is 'amqp.max_connections' in its config)",
+    )
 
 
 def listener_problems(host: str, *, tls: bool, security: AmqpSecurity) -> list[tuple[str, str]]:
