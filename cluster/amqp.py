@@ -36,7 +36,6 @@ Malformed bytes make Proton close that connection with a transport error
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 import ssl
@@ -47,6 +46,31 @@ import proton
 import trio
 from proton import Condition, Delivery, Endpoint, Event, Link, Message, Terminus, Transport
 
+from cluster.amqpauth import (
+    OPEN_RIGHTS,
+    PLAINTEXT_WARNING,
+    AmqpSecurity,
+    Authenticator,
+    Principal,
+    connection_cap_refusal,
+    is_loopback,
+    open_client_untrusted,
+)
+from cluster.amqpvalues import (
+    ACCEPTED,
+    RELEASED,
+    TERMINAL_STATES,
+    Accepted,
+    Modified,
+    Outcome,
+    Rejected,
+    Released,
+    apply_outcome,
+    data_to_py,
+    remote_outcome,
+    str_keys,
+    symbols,
+)
 from protocol.errors import DrgateError
 
 __all__ = [
@@ -84,8 +108,6 @@ IDLE_TIMEOUT_S = 60.0
 # When no timer is pending, re-check at this interval (the peer's idle timeout
 # becomes known only after its open frame).
 TIMER_POLL_S = 1.0
-# A TLS handshake that takes longer than this is abandoned.
-HANDSHAKE_TIMEOUT_S = 10.0
 # Teardown callbacks (on_link_closed / on_connection_closed) get this long
 # even when the server is being cancelled.
 TEARDOWN_GRACE_S = 5.0
@@ -99,91 +121,6 @@ _CONNECTION_IDS = itertools.count(1)
 
 class AmqpLinkClosedError(DrgateError):
     """The link (or its connection) is closed; nothing more can be sent on it."""
-
-
-# ---------------------------------------------------------------------------
-# Outcomes
-# ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Accepted:
-    """The message was taken (a publish is stored; a delivery is consumed)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Rejected:
-    """The message is refused; ``condition`` is an AMQP error symbol."""
-
-    condition: str = "amqp:internal-error"
-    description: str = ""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Released:
-    """Not processed; may be delivered again (to anyone)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Modified:
-    """Like released, with the flags AMQP's ``modified`` outcome carries."""
-
-    delivery_failed: bool = False
-    undeliverable_here: bool = False
-    annotations: dict[str, Any] | None = None
-
-
-Outcome = Accepted | Rejected | Released | Modified
-ACCEPTED = Accepted()
-RELEASED = Released()
-
-
-def _apply_outcome(dlv: Delivery, outcome: Outcome) -> None:
-    """Set our local disposition on ``dlv`` (does not settle)."""
-    if isinstance(outcome, Accepted):
-        dlv.update(Delivery.ACCEPTED)
-    elif isinstance(outcome, Rejected):
-        dlv.local.condition = Condition(outcome.condition, outcome.description or None)
-        dlv.update(Delivery.REJECTED)
-    elif isinstance(outcome, Released):
-        dlv.update(Delivery.RELEASED)
-    elif isinstance(outcome, Modified):
-        dlv.local.failed = outcome.delivery_failed
-        dlv.local.undeliverable = outcome.undeliverable_here
-        if outcome.annotations:
-            dlv.local.annotations = {proton.symbol(k): v for k, v in outcome.annotations.items()}
-        dlv.update(Delivery.MODIFIED)
-    else:  # pragma: no cover - exhaustive
-        raise TypeError(f"not an outcome: {outcome!r}")
-
-
-def _remote_outcome(dlv: Delivery) -> Outcome:
-    """The outcome the client gave ``dlv``.
-
-    A delivery the client settled without any outcome counts as released:
-    the client acknowledged nothing, so nothing may be lost.
-    """
-    state = dlv.remote_state
-    if state == Delivery.ACCEPTED:
-        return ACCEPTED
-    if state == Delivery.REJECTED:
-        cond = dlv.remote.condition
-        if cond is None:
-            return Rejected()
-        return Rejected(str(cond.name), cond.description or "")
-    if state == Delivery.MODIFIED:
-        ann = dlv.remote.annotations
-        return Modified(
-            delivery_failed=bool(dlv.remote.failed),
-            undeliverable_here=bool(dlv.remote.undeliverable),
-            annotations={str(k): v for k, v in ann.items()} if ann else None,
-        )
-    return RELEASED
-
-
-_TERMINAL_STATES = frozenset(
-    {Delivery.ACCEPTED, Delivery.REJECTED, Delivery.RELEASED, Delivery.MODIFIED}
-)
 
 
 # ---------------------------------------------------------------------------
@@ -248,31 +185,6 @@ class AmqpHandler(Protocol):
 # ---------------------------------------------------------------------------
 
 
-def _data_to_py(data: proton.Data) -> Any:
-    """Decode a terminus Data (map or array); ``None`` when empty."""
-    data.rewind()
-    if not data.next():
-        return None
-    return data.get_object()
-
-
-def _str_keys(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        return {}
-    return {str(k): v for k, v in value.items()}
-
-
-def _symbols(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (str(value),)
-    try:
-        return tuple(str(v) for v in value)
-    except TypeError:
-        return ()
-
-
 class _LinkBase:
     """What both link directions share."""
 
@@ -282,9 +194,9 @@ class _LinkBase:
         self.name: str = pn.name
         self.address: str | None = terminus.address
         self.dynamic: bool = bool(terminus.dynamic)
-        self.capabilities: tuple[str, ...] = _symbols(_data_to_py(terminus.capabilities))
-        self.node_properties: dict[str, Any] = _str_keys(_data_to_py(terminus.properties))
-        self.properties: dict[str, Any] = _str_keys(pn.remote_properties)
+        self.capabilities: tuple[str, ...] = symbols(data_to_py(terminus.capabilities))
+        self.node_properties: dict[str, Any] = str_keys(data_to_py(terminus.properties))
+        self.properties: dict[str, Any] = str_keys(pn.remote_properties)
         self._closed = False
         self._reported = False  # handed to the handler
         self._closed_reported = False
@@ -341,7 +253,7 @@ class OutgoingLink(_LinkBase):
     def __init__(self, conn: AmqpConnection, pn: proton.Sender) -> None:
         super().__init__(conn, pn, pn.remote_source)
         self._sender = pn
-        self.filter: dict[str, Any] = _str_keys(_data_to_py(pn.remote_source.filter))
+        self.filter: dict[str, Any] = str_keys(data_to_py(pn.remote_source.filter))
         self.distribution_mode: int = pn.remote_source.distribution_mode
         # The client asked for pre-settled (at-most-once) delivery.
         self.presettled: bool = pn.remote_snd_settle_mode == Link.SND_SETTLED
@@ -478,7 +390,7 @@ class InboundDelivery:
         if self.link.connection.closed:
             return
         if not self.presettled:
-            _apply_outcome(self._dlv, outcome)
+            apply_outcome(self._dlv, outcome)
         self._dlv.settle()
         self.link.connection._kick_writer()
 
@@ -493,9 +405,10 @@ class AmqpConnection:
 
     ``peer`` is the remote address; ``peer_certificate`` the client's TLS
     certificate as ``ssl.SSLObject.getpeercert()`` returns it (``None``
-    without TLS); ``identity`` the authenticated user (the certificate
-    subject's commonName, else its first subjectAltName, under TLS; else
-    ``"anonymous"``).
+    without TLS); ``principal`` the authenticated client and its rights
+    (:mod:`cluster.amqpauth`), ``identity`` its name.  With ``refusal``
+    (condition, description) the connection is closed with that error as
+    soon as the client opens it (the connection cap).
     """
 
     def __init__(
@@ -505,12 +418,16 @@ class AmqpConnection:
         *,
         peer: str,
         peer_certificate: dict[str, Any] | None = None,
+        principal: Principal = OPEN_RIGHTS,
+        refusal: tuple[str, str] | None = None,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
         self.id = next(_CONNECTION_IDS)
         self.peer = peer
         self.peer_certificate = peer_certificate
-        self.identity = _certificate_identity(peer_certificate) or "anonymous"
+        self.principal = principal
+        self.identity = principal.name
+        self.refusal = refusal
         self.remote_container: str | None = None
         self.remote_condition: tuple[str, str] | None = None  # (name, description)
         self.transport_error: tuple[str, str] | None = None
@@ -518,8 +435,7 @@ class AmqpConnection:
         self._stream = stream
         self._transport = Transport(Transport.SERVER)
         self._transport.idle_timeout = idle_timeout_s
-        sasl = self._transport.sasl()
-        sasl.allowed_mechs("EXTERNAL ANONYMOUS")
+        # No SASL layer: cluster.amqpauth ran SASL before any byte got here.
         self._transport.max_frame_size = READ_BYTES
         self._conn = proton.Connection()
         self._collector = proton.Collector()
@@ -572,8 +488,15 @@ class AmqpConnection:
 
     # -- the tasks ----------------------------------------------------------
 
-    async def run(self) -> None:
-        """Serve until the connection ends; never raises for peer faults."""
+    async def run(self, received: bytes = b"") -> None:
+        """Serve until the connection ends; never raises for peer faults.
+        ``received``: bytes already read from the stream (after SASL)."""
+        if received:
+            try:
+                self._transport.push(received)
+            except (proton.TransportException, OverflowError) as exc:
+                log.info("amqp conn=%d peer=%s bad input: %s", self.id, self.peer, exc)
+            self._wake_pump()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_loop)
@@ -723,6 +646,9 @@ class AmqpConnection:
             self.remote_container = self._conn.remote_container
             self._conn.container = CONTAINER_ID
             self._conn.open()
+            if self.refusal is not None:
+                self._conn.condition = Condition(*self.refusal)
+                self._conn.close()
         elif kind == Event.CONNECTION_REMOTE_CLOSE:
             cond = self._conn.remote_condition
             if cond is not None:
@@ -811,8 +737,8 @@ class AmqpConnection:
             if dlv.settled:
                 dlv.settle()
             return
-        if dlv.remote_state in _TERMINAL_STATES or dlv.settled:
-            outcome = _remote_outcome(dlv)
+        if dlv.remote_state in TERMINAL_STATES or dlv.settled:
+            outcome = remote_outcome(dlv)
             del link._unsettled[tag]
             dlv.settle()
             await self._call(self._handler.on_outcome, link, token, outcome)
@@ -839,7 +765,7 @@ class AmqpConnection:
             msg.decode(data or b"")
         except Exception as exc:  # MessageException or DataException on bad bytes
             if not presettled:
-                _apply_outcome(dlv, Rejected("amqp:decode-error", f"undecodable message: {exc}"))
+                apply_outcome(dlv, Rejected("amqp:decode-error", f"undecodable message: {exc}"))
             dlv.settle()
             return
         self.statistics_messages_in += 1
@@ -863,19 +789,6 @@ class _HandlerFailed(Exception):
 _MISSING = object()
 
 
-def _certificate_identity(cert: dict[str, Any] | None) -> str | None:
-    """The subject's commonName, else the first subjectAltName value."""
-    if not cert:
-        return None
-    for rdn in cert.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    for _kind, value in cert.get("subjectAltName", ()):
-        return str(value)
-    return None
-
-
 # ---------------------------------------------------------------------------
 # The server
 # ---------------------------------------------------------------------------
@@ -887,6 +800,7 @@ async def serve_amqp(
     port: int,
     *,
     ssl_context: ssl.SSLContext | None = None,
+    security: AmqpSecurity | None = None,
     idle_timeout_s: float = IDLE_TIMEOUT_S,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -895,39 +809,87 @@ async def serve_amqp(
     Start it with ``port = await nursery.start(serve_amqp, handler, host, 0)``:
     it reports the bound port.  With ``ssl_context`` (a server context; set
     ``verify_mode = ssl.CERT_REQUIRED`` and load a CA to require client
-    certificates) every connection is TLS.  One task per connection; a
+    certificates) every connection is TLS.  ``security`` (default: open
+    mode, anonymous allowed on a loopback ``host``) says which SASL
+    mechanisms are offered and who may connect (:mod:`cluster.amqpauth`);
+    a refused client never reaches ``handler``.  Beyond
+    ``security.max_connections`` connections, the next one is closed at its
+    open with ``amqp:resource-limit-exceeded``.  One task per connection; a
     connection's failure never ends the server.
     """
+    security = security if security is not None else AmqpSecurity()
+    auth = Authenticator(security, tls=ssl_context is not None, loopback=is_loopback(host))
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
-    log.info("amqp listening on %s:%d tls=%s", host, bound, ssl_context is not None)
+    log.info(
+        "amqp listening on %s:%d tls=%s sasl=%s",
+        host,
+        bound,
+        ssl_context is not None,
+        " ".join(auth.mechanisms()),
+    )
+    if ssl_context is None and not is_loopback(host):
+        log.warning("amqp listener %s:%d: %s", host, bound, PLAINTEXT_WARNING)
+    active = 0
 
     async def serve_one(stream: trio.SocketStream) -> None:
+        nonlocal active
+        active += 1
         try:
-            sockname = stream.socket.getpeername()
-            peer = f"{sockname[0]}:{sockname[1]}"
-        except OSError:
-            peer = "?"
-        conn_stream: trio.abc.Stream = stream
-        cert: dict[str, Any] | None = None
-        if ssl_context is not None:
-            tls = trio.SSLStream(stream, ssl_context, server_side=True)
-            try:
-                with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                    await tls.do_handshake()
-            except (trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
-                log.info("amqp peer=%s TLS handshake failed: %s", peer, exc)
-                with contextlib.suppress(trio.BrokenResourceError, OSError):
-                    await stream.aclose()
-                return
-            cert = tls.getpeercert()
-            conn_stream = tls
-        conn = AmqpConnection(
-            handler, conn_stream, peer=peer, peer_certificate=cert, idle_timeout_s=idle_timeout_s
-        )
-        log.info("amqp conn=%d peer=%s identity=%s open", conn.id, peer, conn.identity)
-        await conn.run()
+            await _serve_connection(
+                handler,
+                stream,
+                ssl_context,
+                auth,
+                full=active > security.max_connections,
+                idle_timeout_s=idle_timeout_s,
+            )
+        finally:
+            active -= 1
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio.serve_listeners, serve_one, listeners)
         task_status.started(bound)
+
+
+async def _serve_connection(
+    handler: AmqpHandler,
+    stream: trio.SocketStream,
+    ssl_context: ssl.SSLContext | None,
+    auth: Authenticator,
+    *,
+    full: bool,
+    idle_timeout_s: float,
+) -> None:
+    """TLS, SASL, then the connection's engine; a refused client is closed."""
+    try:
+        sockname = stream.socket.getpeername()
+        peer = f"{sockname[0]}:{sockname[1]}"
+    except OSError:
+        peer = "?"
+    conn_stream, cert, principal, received = await open_client_untrusted(
+        stream, ssl_context, auth, peer=peer
+    )
+    if principal is None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await conn_stream.aclose()
+        return
+    refusal = connection_cap_refusal(auth.security.max_connections) if full else None
+    conn = AmqpConnection(
+        handler,
+        conn_stream,
+        peer=peer,
+        peer_certificate=cert,
+        principal=principal,
+        refusal=refusal,
+        idle_timeout_s=idle_timeout_s,
+    )
+    log.info(
+        "amqp conn=%d peer=%s identity=%s mechanism=%s open%s",
+        conn.id,
+        peer,
+        conn.identity,
+        principal.mechanism,
+        " (refused: connection limit)" if full else "",
+    )
+    await conn.run(received)

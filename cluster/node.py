@@ -54,8 +54,9 @@ from cluster.amqp import (
     Released,
     serve_amqp,
 )
-from cluster.bus import BusConfig, MemberId, ViewChange
-from cluster.member import NullObserver, SiteMember
+from cluster.amqpauth import AmqpSecurity, Principal
+from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
+from cluster.member import BusOpener, NullObserver, SiteMember
 from cluster.state.model import SiteState
 from cluster.statistics import BusSection, NodeStatistics
 from cluster.tls import TlsFiles, server_context
@@ -75,6 +76,15 @@ MINORITY_CONDITION = "amqp:precondition-failed"
 # Addresses of the management interface (see docs/broker.md).
 ADMIN_ADDRESS = "$drgate.admin"
 QUEUES_ADDRESS = "$drgate.queues"
+# What a client without the right gets (docs/broker.md, "Users and rights").
+UNAUTHORIZED = "amqp:unauthorized-access"
+# What a publish beyond the site's memory cap, or a connection beyond the
+# node's cap, gets.
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
+# Bytes of message bodies the site's state may hold (every node holds all of
+# it, in memory): well below the RAM of a small broker VM, so a site that
+# consumers stopped draining refuses publishes instead of dying.
+DEFAULT_MAX_SITE_BYTES = 1024**3
 
 
 # A broker built without a config file (tests) listens on loopback only.
@@ -92,6 +102,9 @@ class BrokerConfig:
     tls: TlsFiles | None = None  # mutual TLS for AMQP clients; None: plain TCP
     metrics: Address | None = None  # observability (served by gateway/commands/broker.py)
     metrics_web: WebConfig | None = None  # its TLS and basic auth; None: plain HTTP
+    # Users, rights and the connection cap (cluster/amqpauth.py).
+    security: AmqpSecurity = field(default_factory=AmqpSecurity)
+    max_site_bytes: int = DEFAULT_MAX_SITE_BYTES  # message bodies held in the site state
 
 
 @dataclass(slots=True)
@@ -107,11 +120,17 @@ class _Consumer:
 class BrokerNode(NullObserver):
     """One broker.  ``await nursery.start(node.serve)`` reports the AMQP port."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, *, open_member: BusOpener = open_bus) -> None:
         self.config = config
-        self.member = SiteMember(config.cluster, config.bus, role=Role.BROKER, observer=self)
+        self.member = SiteMember(
+            config.cluster, config.bus, role=Role.BROKER, observer=self, open_member=open_member
+        )
         self._refs = itertools.count(1)
         self._pending: dict[int, InboundDelivery] = {}
+        # Publishes of ours submitted and not yet applied: ref -> bytes.
+        self._inflight: dict[int, int] = {}
+        self._inflight_bytes = 0
+        self._held_bytes = (-1, 0)  # (cseq, bytes of bodies in the state at that cseq)
         self._sessions: dict[int, int] = {}  # connection id -> session
         self._consumers: dict[OutgoingLink, _Consumer] = {}
         self._by_consumer_id: dict[int, _Consumer] = {}
@@ -132,6 +151,7 @@ class BrokerNode(NullObserver):
                     self.config.amqp.host,
                     self.config.amqp.port,
                     ssl_context=None if tls is None else server_context(tls),
+                    security=self.config.security,
                 )
             )
             log.info(
@@ -169,6 +189,11 @@ class BrokerNode(NullObserver):
             log.info("view quorate again (%d members): serving clients", len(view.members))
         self._was_minority = not view.quorate
 
+    def on_rejoin(self) -> None:
+        # Our publishes in flight were in the dropped stream: none will settle.
+        self._inflight.clear()
+        self._inflight_bytes = 0
+
     def quorate(self) -> bool:
         return self.member.membership is None or self.member.membership.quorate
 
@@ -195,6 +220,8 @@ class BrokerNode(NullObserver):
 
     def _on_effects(self, effects: Sequence[st.Effect]) -> None:
         for effect in effects:
+            if isinstance(effect, st.Settled | st.Refused) and self._mine(effect.sender):
+                self._inflight_bytes -= self._inflight.pop(effect.ref, 0)
             if isinstance(effect, st.Settled):
                 if self._mine(effect.sender):
                     delivery = self._pending.pop(effect.ref, None)
@@ -308,9 +335,61 @@ class BrokerNode(NullObserver):
         )
         return False
 
+    def unauthorized(self, principal: Principal, verb: str, address: str) -> str:
+        """Why ``principal`` may not ``verb`` (publish, consume, manage) ``address``,
+        and the fix (docs/broker.md, "Users and rights")."""
+        users = self.config.security.users_file or "USERS"
+        if verb == "manage":
+            fix = f"drgate admin user add {principal.name} --admin --file {users}"
+            rights = "is not an admin"
+        else:
+            patterns = principal.publish if verb == "publish" else principal.consume
+            fix = f"drgate admin user add {principal.name} --{verb} {address} --file {users}"
+            rights = f"has {verb} patterns {', '.join(patterns) or '(none)'}"
+        return (
+            f"user {principal.name!r} may not {verb} {address!r} at {self.config.cluster} "
+            f"node {self.config.node}: it {rights}; to allow it, run '{fix}' (keeping its "
+            "other options) and restart the brokers"
+        )
+
+    def _authorized(self, link: OutgoingLink | IncomingLink, verb: str, address: str) -> bool:
+        """``link``'s client may ``verb`` ``address``; else the link is closed
+        with amqp:unauthorized-access."""
+        principal = link.connection.principal
+        if verb == "manage":
+            allowed = principal.admin
+        elif verb == "publish":
+            allowed = principal.may_publish(address)
+        else:
+            allowed = principal.may_consume(address)
+        if not allowed:
+            link.close(UNAUTHORIZED, self.unauthorized(principal, verb, address))
+        return allowed
+
+    def memory_refusal(self, size: int) -> str | None:
+        """Why a publish of ``size`` bytes would take the site's state beyond
+        ``max_site_bytes``; ``None`` when it fits.  Every node holds the same
+        state, so every node decides the same way (in-flight publishes of
+        this node count too)."""
+        state = self.member.state
+        if self._held_bytes[0] != state.cseq:
+            self._held_bytes = (state.cseq, sum(q.bytes for q in state.queues.values()))
+        held = self._held_bytes[1] + self._inflight_bytes
+        cap = self.config.max_site_bytes
+        if held + size <= cap:
+            return None
+        return (
+            f"site {self.config.cluster} holds {held} bytes of messages, and this one of "
+            f"{size} bytes would pass its cap of {cap} ('max_site_bytes' in the broker "
+            "config): consume or purge messages, then publish again"
+        )
+
     async def on_sender_link(self, link: OutgoingLink) -> None:
         address = link.address or ""
         if address == QUEUES_ADDRESS:
+            self._authorized(link, "manage", address)
+            return
+        if address and not self._authorized(link, "consume", address):
             return
         if not self.quorate():
             link.close(MINORITY_CONDITION, self.minority_refusal())
@@ -336,7 +415,10 @@ class BrokerNode(NullObserver):
     async def on_receiver_link(self, link: IncomingLink) -> None:
         address = link.address
         if address == ADMIN_ADDRESS:
-            link.flow(10)
+            if self._authorized(link, "manage", address):
+                link.flow(10)
+            return
+        if address is not None and not self._authorized(link, "publish", address):
             return
         if not self.quorate():
             link.close(MINORITY_CONDITION, self.minority_refusal())
@@ -361,6 +443,17 @@ class BrokerNode(NullObserver):
             return
         message = delivery.message
         address = link.address or message.address or ""
+        principal = link.connection.principal
+        body = message.encode()
+        refusal = None
+        if not principal.may_publish(address):
+            refusal = Rejected(UNAUTHORIZED, self.unauthorized(principal, "publish", address))
+        elif (too_much := self.memory_refusal(len(body))) is not None:
+            refusal = Rejected(RESOURCE_LIMIT, too_much)
+        if refusal is not None:
+            delivery.settle(refusal)
+            link.flow(1)
+            return
         if has_exchange(self.member.state, address) and not has_queue(self.member.state, address):
             exchange, key = address, message.subject or ""
         else:
@@ -372,11 +465,13 @@ class BrokerNode(NullObserver):
             properties.setdefault("subject", message.subject)
         ref = next(self._refs)
         self._pending[ref] = delivery
+        self._inflight[ref] = len(body)
+        self._inflight_bytes += len(body)
         await self.member.submit(
             pc.Publish(
                 exchange,
                 key,
-                message.encode(),
+                body,
                 "" if message.id is None else str(message.id),
                 properties,
                 ref,

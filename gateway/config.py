@@ -14,11 +14,17 @@ Broker config (``drgate broker --config FILE``)::
       group: drgate            # bus group name
       address: 127.0.0.1:7400  # embedded only: the sequencer
     amqp:
-      listen: 0.0.0.0:5672
+      listen: 10.0.0.1:5672    # default 127.0.0.1:5672
       tls:                     # optional: mutual TLS
         cert: /etc/drgate/broker.pem
         key: /etc/drgate/broker.key
         ca: /etc/drgate/ca.pem
+      users: users.json        # optional: users and rights (drgate admin user add)
+      identities: {client-a: alice}  # optional: certificate name -> user
+      allow_anonymous: false   # default: true only on loopback without users
+      allow_plaintext: false   # a non-loopback listener without tls needs true
+      max_connections: 1000
+    max_site_bytes: 1073741824 # message bodies the site state may hold
     metrics:                   # optional: /metrics and /status (docs/observability.md)
       listen: 127.0.0.1:9465   # the default; another interface wants a web_config
       web_config: /etc/drgate/web-config.yml   # optional: TLS and basic auth
@@ -32,12 +38,28 @@ import dataclasses
 from pathlib import Path
 
 from cluster.addresses import Address, parse_address
+from cluster.amqpauth import (
+    DEFAULT_MAX_CONNECTIONS,
+    AmqpSecurity,
+    User,
+    listener_problems,
+    load_users,
+)
 from cluster.bus import BusConfig
-from cluster.node import BrokerConfig
+from cluster.node import DEFAULT_MAX_SITE_BYTES, BrokerConfig
 from cluster.tls import TlsFiles
 from cluster.webconfig import WebConfig
 from filters.matcher import RuleSet
-from filters.yamldoc import Node, Problems, check_keys, expect_int, expect_str, parse
+from filters.yamldoc import (
+    Node,
+    Problems,
+    check_keys,
+    expect_bool,
+    expect_int,
+    expect_mapping,
+    expect_str,
+    parse,
+)
 from gateway.capture import load_capture
 from gateway.sidecar import SidecarConfig
 from gateway.webconfig import load_web_config
@@ -46,8 +68,18 @@ from protocol.errors import ConfigError, Location, Problem, RulesError
 BUS_BACKENDS = ("embedded", "corosync")
 # The default group name: one site, one bus group.
 DEFAULT_GROUP = "drgate"
-# Every interface, the AMQP port: a broker serves the clients of its site.
-DEFAULT_AMQP = Address("0.0.0.0", 5672)
+# Loopback, the AMQP port: serving the network is the operator's decision,
+# with TLS and users (or explicit opt-outs, see cluster.amqpauth).
+DEFAULT_AMQP = Address("127.0.0.1", 5672)
+AMQP_KEYS = (
+    "listen",
+    "tls",
+    "users",
+    "identities",
+    "allow_anonymous",
+    "allow_plaintext",
+    "max_connections",
+)
 # /metrics and /status: loopback unless the config says otherwise, since they
 # tell whoever asks the site's topology, queues and lag; a broker and its
 # sidecar on one host need two ports.
@@ -207,22 +239,33 @@ def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
         text,
         what="the broker config",
         required=("cluster", "node", "bus"),
-        optional=("amqp", "metrics"),
+        optional=("amqp", "metrics", "max_site_bytes"),
     )
     cluster = (
         expect_str(fields["cluster"], problems, what="'cluster'") if "cluster" in fields else None
     )
     node_id = load_node_id(fields, problems)
     bus = load_bus(fields["bus"], problems, node_id=node_id or 0) if "bus" in fields else None
-    amqp_listen, tls = DEFAULT_AMQP, None
+    amqp_listen, tls, security = DEFAULT_AMQP, None, AmqpSecurity()
+    amqp: dict[str, Node] = {}
     if "amqp" in fields:
-        amqp = check_keys(fields["amqp"], problems, what="'amqp'", optional=("listen", "tls"))
-        if amqp is not None and "listen" in amqp:
-            amqp_listen = (
-                load_address(amqp["listen"], problems, what="'amqp.listen'") or amqp_listen
-            )
-        if amqp is not None and "tls" in amqp:
-            tls = load_tls(amqp["tls"], problems, path=path, key="amqp.tls")
+        amqp = check_keys(fields["amqp"], problems, what="'amqp'", optional=AMQP_KEYS) or {}
+    if "listen" in amqp:
+        amqp_listen = load_address(amqp["listen"], problems, what="'amqp.listen'") or amqp_listen
+    if "tls" in amqp:
+        tls = load_tls(amqp["tls"], problems, path=path, key="amqp.tls")
+    if "amqp" in fields:
+        security = load_security(amqp, problems, path=path)
+        for problem, fix in listener_problems(
+            amqp_listen.host, tls="tls" in amqp, security=security
+        ):
+            problems.error(fields["amqp"].location, problem, fix)
+    max_site_bytes = DEFAULT_MAX_SITE_BYTES
+    if "max_site_bytes" in fields:
+        max_site_bytes = (
+            expect_int(fields["max_site_bytes"], problems, what="'max_site_bytes'", minimum=1)
+            or max_site_bytes
+        )
     metrics, metrics_web = None, None
     if "metrics" in fields:
         metrics, metrics_web = load_metrics(
@@ -239,6 +282,53 @@ def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
         tls=tls,
         metrics=metrics,
         metrics_web=metrics_web,
+        security=security,
+        max_site_bytes=max_site_bytes,
+    )
+
+
+def load_security(amqp: dict[str, Node], problems: Problems, *, path: str) -> AmqpSecurity:
+    """Users, rights and limits of the ``amqp`` mapping (cluster.amqpauth)."""
+    users: dict[str, User] | None = None
+    users_file = ""
+    if "users" in amqp:
+        users_file = beside(path, expect_str(amqp["users"], problems, what="'amqp.users'") or "")
+        if users_file:
+            try:
+                users = load_users(users_file)
+            except ConfigError as exc:
+                for problem in exc.problems:
+                    problems.error(
+                        amqp["users"].location,
+                        f"'amqp.users' names {users_file!r}: {problem.message}",
+                        problem.hint,
+                    )
+    flags: dict[str, bool | None] = {}
+    for key in ("allow_anonymous", "allow_plaintext"):
+        if key in amqp:
+            flags[key] = expect_bool(amqp[key], problems, what=f"'amqp.{key}'")
+    identities: dict[str, str] = {}
+    for name, node in (
+        expect_mapping(amqp["identities"], problems, what="'amqp.identities'") or {}
+        if "identities" in amqp
+        else {}
+    ).items():
+        user = expect_str(node, problems, what=f"'amqp.identities.{name}'")
+        if user:
+            identities[name] = user
+    max_connections = DEFAULT_MAX_CONNECTIONS
+    if "max_connections" in amqp:
+        max_connections = (
+            expect_int(amqp["max_connections"], problems, what="'amqp.max_connections'", minimum=1)
+            or max_connections
+        )
+    return AmqpSecurity(
+        users=users,
+        users_file=users_file,
+        allow_anonymous=flags.get("allow_anonymous"),
+        allow_plaintext=bool(flags.get("allow_plaintext")),
+        identities=identities,
+        max_connections=max_connections,
     )
 
 

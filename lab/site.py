@@ -142,7 +142,12 @@ class BrokerSite(Started):
     def broker_config(self, node: int) -> Path:
         if self.backend == "corosync":
             assert self.corosync is not None
-            listen = f"{self.corosync.node(node).address}:5672"
+            # A namespace address is not loopback: the lab's clients are
+            # anonymous and plaintext, which the broker accepts only when told.
+            listen = (
+                f"{self.corosync.node(node).address}:5672\n"
+                "  allow_plaintext: true\n  allow_anonymous: true"
+            )
             bus = f"  backend: corosync\n  group: {self.group}\n"
         else:
             listen = "127.0.0.1:0"

@@ -11,18 +11,23 @@ queue arguments that the rules' ``from-args`` mode reads
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import os
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from gateway.commands._users import configure_user, run_user
 from protocol.errors import DrgateError
 from protocol.modes import Mode, declare_args
 
 NAME = "admin"
 HELP = "declare, delete and list queues, exchanges and bindings (like qpid-config)"
 TIMEOUT_S = 30.0
+# Where --user's password is read from when set (else it is prompted).
+PASSWORD_ENV = "DRGATE_PASSWORD"
 
 REPLICATE_ARGS: dict[str, dict[str, Any]] = {mode.label: declare_args(mode) for mode in Mode}
 """``--replicate`` label -> the queue arguments that ask for that mode."""
@@ -36,9 +41,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--broker",
         action="append",
-        required=True,
         metavar="URL",
-        help="broker URL, e.g. amqp://127.0.0.1:5672 (repeat to list several nodes)",
+        help="broker URL, e.g. amqp://127.0.0.1:5672 (repeat to list several nodes); "
+        "required by every operation but 'user'",
+    )
+    parser.add_argument(
+        "--user",
+        metavar="NAME",
+        help=f"authenticate with SASL PLAIN as NAME (password from ${PASSWORD_ENV} or a prompt)",
     )
     sub = parser.add_subparsers(dest="op", required=True, metavar="OP")
     add = sub.add_parser("add-queue", help="declare a queue")
@@ -62,6 +72,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         b.add_argument("key", nargs="?", default="")
     sub.add_parser("queues", help="list queues and their depth on each --broker")
     sub.add_parser("exchanges", help="list exchanges and bindings")
+    configure_user(sub)
 
 
 def _args(pairs: list[str]) -> dict[str, Any]:
@@ -92,12 +103,16 @@ def request_for(args: argparse.Namespace) -> dict[str, Any]:
     return request
 
 
+_credentials: dict[str, Any] = {}
+"""``user`` and ``password`` for every connection, set by ``run`` from ``--user``."""
+
+
 def _connect(url: str) -> Any:
     """A blocking AMQP connection to ``url``; :class:`AdminError` if none."""
     from proton.utils import BlockingConnection
 
     try:
-        return BlockingConnection(url, timeout=TIMEOUT_S)
+        return BlockingConnection(url, timeout=TIMEOUT_S, **_credentials)
     except Exception as exc:
         raise AdminError(f"cannot connect to {url}: {exc}") from exc
 
@@ -139,6 +154,13 @@ def describe(url: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.op == "user":
+        return run_user(args)
+    if not args.broker:
+        raise AdminError(f"{args.op} needs --broker URL, e.g. --broker amqp://127.0.0.1:5672")
+    if args.user:
+        password = os.environ.get(PASSWORD_ENV) or getpass.getpass(f"password of {args.user}: ")
+        _credentials.update(user=args.user, password=password)
     console = Console()
     if args.op == "queues":
         table = Table(title="queues")

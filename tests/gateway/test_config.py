@@ -27,7 +27,7 @@ bus:
   group: site-p
   address: 127.0.0.1:7400
 amqp:
-  listen: 0.0.0.0:5673
+  listen: 127.0.0.1:5673
 """
 
 
@@ -112,7 +112,7 @@ BROKER_MISTAKES = [
     ),
     (
         "bad HOST:PORT",
-        BROKER.replace("0.0.0.0:5673", "localhost"),
+        BROKER.replace("127.0.0.1:5673", "localhost"),
         8,
         11,
         ["'amqp.listen' must be HOST:PORT, got 'localhost'", "for example 127.0.0.1:5672"],
@@ -176,7 +176,7 @@ def test_broker_config_mistakes_name_file_line_column(
 
 
 def test_broker_config_reports_every_mistake_at_once_in_file_order(tmp_path: Path) -> None:
-    text = BROKER.replace("node: 2", "node: two").replace("0.0.0.0:5673", "nowhere")
+    text = BROKER.replace("node: 2", "node: two").replace("127.0.0.1:5673", "nowhere")
     path = write(tmp_path, "broker.yaml", text + "extra: 1\n")
     with pytest.raises(ConfigError) as caught:
         load_broker_config(str(path))
@@ -202,7 +202,7 @@ def test_valid_broker_config_builds_the_frozen_object(tmp_path: Path) -> None:
         bus=BusConfig(
             backend="embedded", group="site-p", node=2, address=Address("127.0.0.1", 7400)
         ),
-        amqp=Address("0.0.0.0", 5673),
+        amqp=Address("127.0.0.1", 5673),
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.node = 3  # type: ignore[misc]
@@ -216,7 +216,7 @@ def test_broker_config_defaults_and_tls(tmp_path: Path) -> None:
     )
     config = load_broker_config("inline.yaml", text)
     assert config.bus == BusConfig(backend="corosync", group="drgate", node=7, address=None)
-    assert config.amqp == Address("0.0.0.0", 5672)
+    assert config.amqp == Address("127.0.0.1", 5672)
     assert config.tls == TlsFiles(cert=str(pem), key=str(pem), ca=str(pem))
 
 
@@ -465,3 +465,80 @@ def test_ipv6_addresses_in_brackets_are_typed_once(tmp_path: Path) -> None:
     assert config.peers == (Address("::1", 7500), Address("fd00::2", 7500))
     assert config.metrics == Address("::", 9464)
     assert config.bus.address == Address("::1", 7401)
+
+
+# ---------------------------------------------------------------------------
+# The broker's AMQP security (cluster/amqpauth.py)
+# ---------------------------------------------------------------------------
+
+
+def test_broker_security_options_build_the_frozen_settings(tmp_path: Path) -> None:
+    users = write(tmp_path, "users.json", '{"version": 1, "users": {"alice": {"hash": "h"}}}')
+    text = BROKER.replace("127.0.0.1:5673", "10.0.0.1:5673") + (
+        "  users: users.json\n  identities: {client-a: alice}\n"
+        "  allow_plaintext: true\n  max_connections: 5\nmax_site_bytes: 4096\n"
+    )
+    config = load_broker_config(str(write(tmp_path, "broker.yaml", text)))
+    assert config.security.users_file == str(users)
+    assert config.security.users is not None and list(config.security.users) == ["alice"]
+    assert config.security.identities == {"client-a": "alice"}
+    assert (config.security.allow_plaintext, config.security.allow_anonymous) == (True, None)
+    assert (config.security.max_connections, config.max_site_bytes) == (5, 4096)
+
+
+SECURITY_MISTAKES = [
+    (
+        "non-loopback without tls",
+        BROKER.replace("127.0.0.1:5673", "10.0.0.1:5673") + "  allow_anonymous: true\n",
+        ["binds 10.0.0.1, not a loopback address, without 'amqp.tls'", "allow_plaintext: true"],
+    ),
+    (
+        "users file missing",
+        BROKER + "  users: /nonexistent/users.json\n",
+        ["'amqp.users' names '/nonexistent/users.json'", "drgate admin user add"],
+    ),
+    (
+        "allow_anonymous not a boolean",
+        BROKER + "  allow_anonymous: sometimes\n",
+        ["'amqp.allow_anonymous'", "true or false"],
+    ),
+    (
+        "max_connections zero",
+        BROKER + "  max_connections: 0\n",
+        ["'amqp.max_connections' must be at least 1, got 0"],
+    ),
+    (
+        "identities not a mapping",
+        BROKER + "  identities: [a, b]\n",
+        ["'amqp.identities'"],
+    ),
+    (
+        "max_site_bytes not a number",
+        BROKER + "max_site_bytes: lots\n",
+        ["'max_site_bytes'", "integer"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "words"), [pytest.param(*case[1:], id=case[0]) for case in SECURITY_MISTAKES]
+)
+def test_broker_security_mistakes_name_the_key_and_the_fix(
+    tmp_path: Path, text: str, words: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_broker_config(str(write(tmp_path, "broker.yaml", text)))
+    [problem] = problems_of(caught.value)
+    assert all(word in problem for word in words), problem
+
+
+def test_a_non_loopback_broker_needs_users_or_an_explicit_anonymous(tmp_path: Path) -> None:
+    text = BROKER.replace("127.0.0.1:5673", "10.0.0.1:5673") + "  allow_plaintext: true\n"
+    with pytest.raises(ConfigError) as caught:
+        load_broker_config(str(write(tmp_path, "broker.yaml", text)))
+    [problem] = problems_of(caught.value)
+    assert "without 'amqp.users'" in problem and "allow_anonymous: true" in problem
+    config = load_broker_config(
+        str(write(tmp_path, "broker.yaml", text + "  allow_anonymous: true\n"))
+    )
+    assert config.security.allow_anonymous is True

@@ -1,0 +1,144 @@
+"""Plain Python views of Proton's values: delivery outcomes and terminus fields.
+
+The broker node sees outcomes as frozen dataclasses (:data:`Outcome`), never
+Proton's ``Delivery`` state numbers; :mod:`cluster.amqp` converts both ways.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import proton
+from proton import Condition, Delivery
+
+__all__ = [
+    "ACCEPTED",
+    "RELEASED",
+    "TERMINAL_STATES",
+    "Accepted",
+    "Modified",
+    "Outcome",
+    "Rejected",
+    "Released",
+    "apply_outcome",
+    "data_to_py",
+    "remote_outcome",
+    "str_keys",
+    "symbols",
+]
+
+
+# ---------------------------------------------------------------------------
+# Outcomes
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Accepted:
+    """The message was taken (a publish is stored; a delivery is consumed)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rejected:
+    """The message is refused; ``condition`` is an AMQP error symbol."""
+
+    condition: str = "amqp:internal-error"
+    description: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Released:
+    """Not processed; may be delivered again (to anyone)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Modified:
+    """Like released, with the flags AMQP's ``modified`` outcome carries."""
+
+    delivery_failed: bool = False
+    undeliverable_here: bool = False
+    annotations: dict[str, Any] | None = None
+
+
+Outcome = Accepted | Rejected | Released | Modified
+ACCEPTED = Accepted()
+RELEASED = Released()
+
+
+def apply_outcome(dlv: Delivery, outcome: Outcome) -> None:
+    """Set our local disposition on ``dlv`` (does not settle)."""
+    if isinstance(outcome, Accepted):
+        dlv.update(Delivery.ACCEPTED)
+    elif isinstance(outcome, Rejected):
+        dlv.local.condition = Condition(outcome.condition, outcome.description or None)
+        dlv.update(Delivery.REJECTED)
+    elif isinstance(outcome, Released):
+        dlv.update(Delivery.RELEASED)
+    elif isinstance(outcome, Modified):
+        dlv.local.failed = outcome.delivery_failed
+        dlv.local.undeliverable = outcome.undeliverable_here
+        if outcome.annotations:
+            dlv.local.annotations = {proton.symbol(k): v for k, v in outcome.annotations.items()}
+        dlv.update(Delivery.MODIFIED)
+    else:  # pragma: no cover - exhaustive
+        raise TypeError(f"not an outcome: {outcome!r}")
+
+
+def remote_outcome(dlv: Delivery) -> Outcome:
+    """The outcome the client gave ``dlv``.
+
+    A delivery the client settled without any outcome counts as released:
+    the client acknowledged nothing, so nothing may be lost.
+    """
+    state = dlv.remote_state
+    if state == Delivery.ACCEPTED:
+        return ACCEPTED
+    if state == Delivery.REJECTED:
+        cond = dlv.remote.condition
+        if cond is None:
+            return Rejected()
+        return Rejected(str(cond.name), cond.description or "")
+    if state == Delivery.MODIFIED:
+        ann = dlv.remote.annotations
+        return Modified(
+            delivery_failed=bool(dlv.remote.failed),
+            undeliverable_here=bool(dlv.remote.undeliverable),
+            annotations={str(k): v for k, v in ann.items()} if ann else None,
+        )
+    return RELEASED
+
+
+TERMINAL_STATES = frozenset(
+    {Delivery.ACCEPTED, Delivery.REJECTED, Delivery.RELEASED, Delivery.MODIFIED}
+)
+
+
+# ---------------------------------------------------------------------------
+# Terminus fields
+# ---------------------------------------------------------------------------
+
+
+def data_to_py(data: proton.Data) -> Any:
+    """Decode a terminus Data (map or array); ``None`` when empty."""
+    data.rewind()
+    if not data.next():
+        return None
+    return data.get_object()
+
+
+def str_keys(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): v for k, v in value.items()}
+
+
+def symbols(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (str(value),)
+    try:
+        return tuple(str(v) for v in value)
+    except TypeError:
+        return ()
