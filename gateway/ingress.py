@@ -35,6 +35,7 @@ from cluster.member import SiteMember
 from cluster.state import fenced
 from cluster.state.views import applied
 from gateway import resync as rs
+from gateway.admission import admit_event
 from gateway.egress import READ_BYTES, describe_error
 from gateway.linkstatus import LinkStatus
 from gateway.roles import SidecarRole
@@ -85,6 +86,7 @@ class Ingress:
         self._ssl_context = ssl_context
         self.status = LinkStatus()
         self.ingested = 0  # replicated commands applied through this ingress
+        self.refused_events = 0  # events a link peer sent that D does not admit
         self.links_up = 0  # accepted link connections open now
         self.link_port: int | None = None  # the bound link port
         self._receivers: dict[
@@ -106,7 +108,7 @@ class Ingress:
             if self._ssl_context is not None:
                 stream = trio.SSLStream(stream, self._ssl_context, server_side=True)
                 await stream.do_handshake()
-            await _Connection(self).run(stream)
+            await _Connection(self, peer_address(stream)).run(stream)
         except Exception as exc:  # one connection failed; the listener carries on
             self.status.last_error = f"ingress: {describe_error(exc)}"
             log.warning("%s", self.status.last_error)
@@ -219,14 +221,16 @@ class Ingress:
             events_received_total=self.ingested,
             receivers=list(self._receivers.values()),
             ended=self.status.ended,
+            refused_total=self.refused_events,
         )
 
 
 class _Connection:
     """One accepted link connection: the reading loop and its applier."""
 
-    def __init__(self, ingress: Ingress) -> None:
+    def __init__(self, ingress: Ingress, peer: str = "") -> None:
         self.ingress = ingress
+        self.peer = peer  # the remote address, for the logs
         self.receiver = link.LinkReceiver(
             link.ReceiverConfig(cluster_id=ingress.config.site), now=trio.current_time()
         )
@@ -372,12 +376,21 @@ class _Connection:
         )
 
     async def _events_received(self, ev: link.EventsReceived) -> None:
+        hello = self.receiver.hello
+        assert hello is not None
         commands: list[pc.Command] = []
         for event in ev.events:
             try:
-                commands.extend(pc.decode_frame_untrusted(event.payload))
+                commands.append(admit_event(hello, event))
             except RemoteProtocolError as exc:
-                raise DrgateError(f"bad event {event.seq}: {exc}") from exc
+                self.ingress.refused_events += 1
+                log.error(
+                    "ingress: refused an event from %s (%s): %s",
+                    hello.origin_cluster,
+                    self.peer,
+                    exc,
+                )
+                raise
         if commands:
             await self.to_apply_send.send((ev.events[-1].seq, commands))
 
@@ -426,3 +439,15 @@ def _first_time_us(records: bytes) -> int:
     except RemoteProtocolError:
         pass
     return 0
+
+
+def peer_address(stream: trio.abc.Stream) -> str:
+    """``host:port`` of the other end of a TCP (or TLS over TCP) stream; "" otherwise."""
+    inner = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    if isinstance(inner, trio.SocketStream):
+        try:
+            host, port = inner.socket.getpeername()[:2]
+        except OSError:
+            return ""
+        return f"{host}:{port}"
+    return ""

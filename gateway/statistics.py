@@ -87,6 +87,9 @@ class LinkSection:
     # Discontinuities in the stream: refused by D's receiver (D), answered by
     # a resync (P).
     gaps_total: int | None = None
+    # D: events a link peer sent that D does not admit (gateway/admission.py);
+    # each one closed its connection.
+    refused_total: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +218,7 @@ def ingress_link_section(
     events_received_total: int,
     receivers: Collection[ReceiverStatistics],
     ended: Mapping[str, int],
+    refused_total: int = 0,
 ) -> LinkSection:
     """D's link: ``receivers`` are the open connections' snapshots, ``ended``
     the summed counters of those that ended (keys ``bytes_received_wire_total``,
@@ -232,6 +236,7 @@ def ingress_link_section(
         batches_received_total=ended.get("batches_received_total", 0)
         + sum(r.batches for r in receivers),
         gaps_total=ended.get("gaps_total", 0) + sum(r.gaps for r in receivers),
+        refused_total=refused_total,
     )
 
 

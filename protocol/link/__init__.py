@@ -45,6 +45,7 @@ from protocol.link.frames import (
     ResyncChunk,
     ResyncEnd,
     Welcome,
+    remote_error,
 )
 from protocol.link.receiver import LinkReceiver, ReceiverConfig, ReceiverState, ReceiverStatistics
 from protocol.link.sender import LinkSender, SenderConfig, SenderState, SenderStatistics
@@ -79,4 +80,5 @@ __all__ = [
     "SenderStatistics",
     "Stalled",
     "Welcome",
+    "remote_error",
 ]

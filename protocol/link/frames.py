@@ -136,6 +136,9 @@ class LinkErrorCode(enum.IntEnum):
     GAP = 15
     """An event's ``prev_seq`` is above everything the receiver holds: events
     were lost before the link; the sender must resync (retriable)."""
+    FORBIDDEN = 16
+    """An event the receiver does not admit: not one ``Replicated`` command of
+    the accepted origin, incarnation and epoch at the event's own position."""
     STALE_EPOCH = 20
     WRONG_CLUSTER = 21
     NOT_ACTIVE = 22

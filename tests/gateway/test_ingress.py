@@ -16,6 +16,7 @@ from gateway.ingress import Ingress
 from gateway.roles import SidecarRole
 from protocol import cluster as pc
 from protocol import link
+from protocol.modes import Mode
 from tests.support.linkpeer import LinkEnd, MemberStandIn, replicated, sidecar_config
 
 INCARNATION = 5
@@ -187,3 +188,55 @@ async def test_a_hole_in_the_stream_is_refused_not_applied_past(
         assert "resync" in error.text
     assert member.state.origins["site-p"].applied[INCARNATION] <= 1
     assert ingress.link_statistics().gaps_total == 1
+
+
+def _frame(*commands: pc.Command) -> bytes:
+    return pc.encode_frame(list(commands))
+
+
+def _at(seq: int, *inner: pc.Command) -> pc.Replicated:
+    return pc.Replicated("site-p", INCARNATION, seq, 1, 0, (Mode.FULL,) * len(inner), inner)
+
+
+FORGED = {
+    # What a link client written from docs/protocol.md alone tried on D.
+    "a raw queue delete": _frame(pc.QueueDelete("local")),
+    "a raw promote": _frame(pc.Promote("site-p", 9, 0)),
+    "a raw incarnation switch": _frame(pc.AcceptIncarnation("site-p", 77)),
+    "a rules switch": _frame(pc.RulesSwitch(b"{}")),
+    "a poisoned watermark": _frame(pc.AckWatermark("site-d", 1, 2**62, 0)),
+    "another origin": replicated(2, origin="site-x"),
+    "a higher epoch": replicated(2, epoch=3),
+    "another incarnation": replicated(2, incarnation=6),
+    "a position not its event's": _frame(_at(2**62, pc.QueueDeclare("q"))),
+    "two commands in one event": _frame(_at(2, pc.QueueDeclare("q")), _at(2, pc.Purge("q"))),
+}
+
+
+async def test_a_peer_may_send_only_its_own_stream_at_its_own_positions(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    member = MemberStandIn("site-d")
+    member.apply(pc.QueueDeclare("local"), pc.Publish("", "local", b"kept", "m-1"))
+    ingress = make_ingress(tmp_path, member)
+    async with connected(ingress) as end:
+        await hello(end)
+        end.machine.send_event(link.LinkEvent(1, 1_000, replicated(1)))
+        assert (await end.next_of(link.Acked)).seq == 1
+    before = st.digest(member.state)
+    for what, payload in FORGED.items():
+        async with connected(ingress) as end:
+            assert (await hello(end)).resume_from == 1
+            end.machine.send_event(link.LinkEvent(2, 2_000, payload, prev_seq=1))
+            error = await end.next_of(link.PeerError)
+            assert error.code == link.LinkErrorCode.FORBIDDEN, what
+            assert "event 2" in error.text, what
+        assert st.digest(member.state) == before, f"{what} changed D's state"
+    assert member.state.queues["local"].depth == 1
+    assert not member.state.origins["site-p"].promoted
+    assert ingress.link_statistics().refused_total == len(FORGED)
+    # The genuine stream goes on.
+    async with connected(ingress) as end:
+        assert (await hello(end)).resume_from == 1
+        end.machine.send_event(link.LinkEvent(2, 2_000, replicated(2), prev_seq=1))
+        assert (await end.next_of(link.Acked)).seq == 2
