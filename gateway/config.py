@@ -337,7 +337,9 @@ def load_security(amqp: dict[str, Node], problems: Problems, *, path: str) -> Am
 # ---------------------------------------------------------------------------
 
 SIDECAR_KEYS_REQUIRED = ("site", "role", "node", "bus", "peer_cluster", "spool", "rules")
-SIDECAR_KEYS_OPTIONAL = ("peers", "listen", "tls", "metrics", "capture")
+SIDECAR_KEYS_OPTIONAL = ("peers", "listen", "tls", "metrics", "capture", "zombie_guard")
+# Which queues a primary refuses publishes to once D was promoted over it.
+ZOMBIE_GUARDS = ("full", "replicated", "off")
 SITE_ROLES = ("primary", "dr")
 FSYNC_POLICIES = ("never", "batch", "always")
 # 1 GiB: at 200-byte events, about five million events, minutes of a busy
@@ -360,6 +362,7 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         rules: /etc/drgate/rules.yaml
         metrics: 127.0.0.1:9464  # or {listen: ..., web_config: ...}
         tls: {cert: ..., key: ..., ca: ...}
+        zombie_guard: full       # full (default) | replicated | off
 
     At D, ``listen: 0.0.0.0:7500`` instead of ``peers``.
     """
@@ -401,6 +404,14 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         )
     tls = load_tls(fields["tls"], problems, path=path, key="tls") if "tls" in fields else None
     capture = load_capture(fields["capture"], problems) if "capture" in fields else None
+    zombie_guard = text_of("zombie_guard") or "full"
+    if zombie_guard not in ZOMBIE_GUARDS:
+        problems.error(
+            fields["zombie_guard"].location,
+            f"unknown zombie_guard {zombie_guard!r}",
+            "use full (refuse publishes to full queues once D was promoted), replicated "
+            "(every replicated queue) or off",
+        )
     if capture is not None:
         capture = dataclasses.replace(capture, directory=beside(path, capture.directory))
     problems.raise_if_any(ConfigError)
@@ -422,6 +433,7 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         metrics=metrics,
         metrics_web=metrics_web,
         capture=capture,
+        zombie_guard=zombie_guard,
     )
 
 

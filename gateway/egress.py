@@ -40,6 +40,7 @@ from cluster.addresses import Address
 from cluster.member import SiteMember
 from gateway import resync as rs
 from gateway.capture import CaptureSink
+from gateway.content import MESSAGE_MODES
 from gateway.linkstatus import LinkStatus
 from gateway.roles import RoleSignal, SidecarRole
 from gateway.spool import Spool
@@ -48,6 +49,7 @@ from gateway.tap import Tap
 from protocol import cluster as pc
 from protocol import link
 from protocol.errors import DrgateError, LinkError
+from protocol.modes import Mode
 
 if TYPE_CHECKING:
     from gateway.sidecar import SidecarConfig
@@ -187,6 +189,8 @@ class Egress:
         error = f"link to {address}: {describe_error(exc)}"
         link_error = link_error_in(exc)
         refused = link_error is not None and not link_error.retriable
+        if link_error is not None and link_error.code == link.LinkErrorCode.STALE_EPOCH:
+            self._superseded(error)
         if refused:
             # D refused for a reason only an operator can fix (promoted, new
             # incarnation): keep saying so while standbys answer "not active".
@@ -208,6 +212,30 @@ class Egress:
                 batches_sent_total=s.batches,
                 events_sent_total=s.events,
             )
+
+    def _superseded(self, error: str) -> None:
+        """D was promoted over this site: unless the zombie guard is off, every
+        broker of the site refuses publishes to the guarded queues from now
+        on (they could never reach D), until ``drgate epoch --set``."""
+        state = self.member.state
+        if self.config.zombie_guard == "off" or state.superseded_by:
+            return
+        modes = (Mode.FULL,) if self.config.zombie_guard == "full" else MESSAGE_MODES
+        guarded = {
+            name: None
+            for name, decision in self.tap.rules.decisions.items()
+            if decision.mode in modes and name in state.queues
+        }
+        self.member.post(pc.Superseded(self.config.peer_cluster, _now_us(), guarded))
+        log.error(
+            "egress: %s was promoted over %s: %s. Zombie guard (%s): publishes to %d "
+            "queues are refused from now on",
+            self.config.peer_cluster,
+            self.config.site,
+            error,
+            self.config.zombie_guard,
+            len(guarded),
+        )
 
     def _spool_now(self) -> Spool:
         spool = self._spool()
@@ -233,6 +261,8 @@ class Egress:
                 self._woken = False
                 if self._role() != SidecarRole.EGRESS:
                     raise DrgateError("no longer the active egress")
+                if self.tap.epoch != sender.config.epoch:
+                    raise DrgateError(f"this site's epoch is now {self.tap.epoch}: reconnecting")
                 await self._handle_events(session)
                 if self._resync_requested and session.welcomed and session.resync is None:
                     session.last_queued = self._begin_resync(session, self.acked_seq)
@@ -410,6 +440,7 @@ class Egress:
             sender=self._sender_stats,
             ended=self.status.ended,
             gaps_total=self.gaps,
+            superseded_by=self.member.state.superseded_by,
         )
 
 

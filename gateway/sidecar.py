@@ -80,6 +80,9 @@ class SidecarConfig:
     metrics: Address | None = None
     metrics_web: WebConfig | None = None  # the endpoint's TLS and basic auth
     capture: CaptureConfig | None = None
+    # P: which queues refuse publishes once D was promoted over this site
+    # (gateway.config.ZOMBIE_GUARDS): full, replicated or off.
+    zombie_guard: str = "full"
 
 
 class Sidecar(NullObserver):

@@ -90,6 +90,9 @@ class LinkSection:
     # D: events a link peer sent that D does not admit (gateway/admission.py);
     # each one closed its connection.
     refused_total: int | None = None
+    # P: the DR site that was promoted over this one ("" while none was);
+    # the zombie guard refuses publishes from then on.
+    superseded_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +187,7 @@ def egress_link_section(
     sender: SenderStatistics | None,
     ended: Mapping[str, int],
     gaps_total: int = 0,
+    superseded_by: str = "",
 ) -> LinkSection:
     """P's link: ``sender`` is the open connection's snapshot (``None`` when
     none is open), ``ended`` the summed counters of the connections that ended
@@ -206,6 +210,7 @@ def egress_link_section(
         batches_sent_total=ended.get("batches_sent_total", 0) + (sender.batches if sender else 0),
         events_sent_total=ended.get("events_sent_total", 0) + (sender.events if sender else 0),
         gaps_total=gaps_total,
+        superseded_by=superseded_by,
     )
 
 

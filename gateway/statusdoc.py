@@ -58,6 +58,7 @@ def status_document(
         "last_seq": link.last_seq if link else None,
         "link_gaps_total": link.gaps_total if link else None,
         "link_refused_total": link.refused_total if link else None,
+        "superseded_by": link.superseded_by if link else None,
         "rates": dict(rates) if rates is not None else {key: None for key, _ in RATE_COUNTERS},
         "spool": {
             "bytes": spool.bytes if spool else None,

@@ -105,6 +105,7 @@ class Tap:
         switched to, if any, and decide every queue the state holds.  The next
         event's ``prev_seq`` is the join point, ``state.cseq``."""
         self.last_seq = state.cseq
+        self.epoch = state.epoch
         if state.rules:
             self._take_rules(state.rules, state.rules_cseq, "cannot apply the site's rules")
         self._decide_all(state)
@@ -154,6 +155,8 @@ class Tap:
         elif isinstance(cmd, pc.ExchangeDeclare | pc.ExchangeDelete):
             if not any(isinstance(e, st.Refused) for e in effects):
                 items.append((Mode.WIRING, cmd))
+        elif isinstance(cmd, pc.SetEpoch):
+            self.epoch = state.epoch  # the events from here on carry it
         elif isinstance(cmd, pc.RulesSwitch):
             before = self._modes(state)
             self._switch(state, cmd)

@@ -106,6 +106,9 @@ class Kind(enum.IntEnum):
     RESYNC_APPLY = 24
     RESYNC_STAGE = 25
     RESYNC_COMMIT = 26
+    ACCEPT_PRIMARY = 27
+    SET_EPOCH = 28
+    SUPERSEDED = 29
 
 
 class ExchangeType(enum.IntEnum):
@@ -465,6 +468,46 @@ class AcceptIncarnation(_CommandBase):
     incarnation: int
 
 
+# key=origin cluster  meta: epoch u32
+@_command(Kind.ACCEPT_PRIMARY, key="origin_cluster", meta=[("epoch", Int32ub)])
+@dataclass(frozen=True, slots=True)
+class AcceptPrimary(_CommandBase):
+    """At a DR site promoted over ``origin_cluster``: the operator accepts its
+    stream again, from ``epoch`` on (above the promotion's).  D's replicas of
+    it are then replaced by a resync."""
+
+    origin_cluster: str
+    epoch: int
+
+
+# key=""  meta: epoch u32
+@_command(Kind.SET_EPOCH, meta=[("epoch", Int32ub)])
+@dataclass(frozen=True, slots=True)
+class SetEpoch(_CommandBase):
+    """At a primary: its stream's epoch from now on (above the current one),
+    as the DR site that accepts it again names it; lifts the zombie guard."""
+
+    epoch: int
+
+
+# key=the site that superseded this one  meta: time_us u64 | guarded map
+@_command(
+    Kind.SUPERSEDED,
+    key="by_cluster",
+    meta=[("time_us", Int64ub), ("guarded", _MAP)],
+)
+@dataclass(frozen=True, slots=True)
+class Superseded(_CommandBase):
+    """At a primary: ``by_cluster`` was promoted over this site (its egress was
+    refused with STALE_EPOCH).  Publishes to the queues named in ``guarded``
+    (the keys; the values are unused) are refused from now on: they could never
+    reach the site that took over."""
+
+    by_cluster: str
+    time_us: int
+    guarded: ValueMap = field(default_factory=dict)
+
+
 # key=origin cluster  meta: incarnation u64 | cseq u64 | time_us u64
 @_command(
     Kind.ACK_WATERMARK,
@@ -686,6 +729,9 @@ Command: TypeAlias = (
     | ResyncApply
     | ResyncStage
     | ResyncCommit
+    | AcceptPrimary
+    | SetEpoch
+    | Superseded
 )
 
 if set(_CODECS) != {int(k) for k in Kind}:  # pragma: no cover - a kind without a command

@@ -63,10 +63,12 @@ class Reason(enum.StrEnum):
     PREDECLARED = "predeclared"
     TYPE_MISMATCH = "type_mismatch"
     NOT_OWNER = "not_owner"
+    SUPERSEDED = "superseded"  # another site was promoted over this one
 
 
 CONDITIONS: dict[Reason, str] = {
     Reason.READ_ONLY: "amqp:not-allowed",
+    Reason.SUPERSEDED: "amqp:precondition-failed",
     Reason.UNKNOWN_QUEUE: "amqp:not-found",
     Reason.UNKNOWN_EXCHANGE: "amqp:not-found",
     Reason.UNKNOWN_SESSION: "amqp:illegal-state",

@@ -25,6 +25,7 @@ are decided in :mod:`cluster.state.merge`, their inner commands go through
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -64,6 +65,7 @@ from cluster.state.resync import resync_apply, resync_commit, resync_stage
 from protocol.cluster import (
     Accept,
     AcceptIncarnation,
+    AcceptPrimary,
     AckWatermark,
     Acquire,
     Bind,
@@ -87,7 +89,9 @@ from protocol.cluster import (
     RulesSwitch,
     SessionClose,
     SessionOpen,
+    SetEpoch,
     StateChunk,
+    Superseded,
     Unbind,
 )
 from protocol.modes import check_declare_args
@@ -418,6 +422,18 @@ def _publish(state: SiteState, cmd: Publish, sender: Sender | None, eff: Effects
             ref=cmd.ref,
         )
         return
+    for name in targets:
+        if name in state.guarded:
+            _refuse(
+                state,
+                eff,
+                sender,
+                Reason.SUPERSEDED,
+                name,
+                _superseded_text(state, name),
+                ref=cmd.ref,
+            )
+            return
     size = len(cmd.body)
     queues = [state.queues[name] for name in targets]
     # All or nothing: check every target before changing any.
@@ -634,6 +650,57 @@ def _promote(state: SiteState, cmd: Promote, sender: Sender | None, eff: Effects
     eff.append(Promoted(cmd.origin_cluster, cmd.epoch))
 
 
+def _accept_primary(
+    state: SiteState, cmd: AcceptPrimary, sender: Sender | None, eff: Effects
+) -> None:
+    """The operator lets a primary this site was promoted over in again, from
+    ``cmd.epoch`` on.  What was applied of it is forgotten (the incarnations
+    stay known, so ``enqueue`` marks hold), so its next link resyncs this
+    site: its ``full`` replicas become the primary's again."""
+    o = state.origins.get(cmd.origin_cluster)
+    if o is None or not o.promoted or cmd.epoch <= o.epoch:
+        state.count("ignored")
+        return
+    o.promoted = False
+    o.epoch = cmd.epoch
+    o.applied = dict.fromkeys(o.applied, 0)
+    state.staged.pop(cmd.origin_cluster, None)
+
+
+def _set_epoch(state: SiteState, cmd: SetEpoch, sender: Sender | None, eff: Effects) -> None:
+    """This site's stream goes on at ``cmd.epoch`` (the one the DR site
+    accepts it at again); the zombie guard is lifted."""
+    if cmd.epoch <= state.epoch:
+        state.count("ignored")
+        return
+    state.epoch = cmd.epoch
+    state.superseded_by = ""
+    state.superseded_time_us = 0
+    state.guarded = {}
+
+
+def _superseded(state: SiteState, cmd: Superseded, sender: Sender | None, eff: Effects) -> None:
+    """``cmd.by_cluster`` was promoted over this site: publishes to the
+    guarded queues are refused from now on (see ``_publish``)."""
+    if state.superseded_by:
+        state.count("ignored")  # the first report stands until SetEpoch
+        return
+    state.superseded_by = cmd.by_cluster
+    state.superseded_time_us = cmd.time_us
+    state.guarded = dict.fromkeys(cmd.guarded)
+
+
+def _superseded_text(state: SiteState, queue: str) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(state.superseded_time_us / 1e6))
+    by = state.superseded_by
+    return (
+        f"{by} was promoted over {state.cluster} (refused its stream since {when}): a message "
+        f"published to replicated queue {queue!r} here could never reach {by}, so it is "
+        f"refused. Move this queue's clients to {by}, or make {state.cluster} the primary "
+        "again (docs/operations.md, 'When the primary comes back')"
+    )
+
+
 def _accept_incarnation(
     state: SiteState, cmd: AcceptIncarnation, sender: Sender | None, eff: Effects
 ) -> None:
@@ -668,6 +735,9 @@ _LOCAL: dict[type, Callable[[SiteState, Any, Sender | None, Effects], None]] = {
     Dequeue: _bare_replica_command,
     Promote: _promote,
     AcceptIncarnation: _accept_incarnation,
+    AcceptPrimary: _accept_primary,
+    SetEpoch: _set_epoch,
+    Superseded: _superseded,
     AckWatermark: _ack_watermark,
     MemberReady: _member_ready,
     Genesis: _genesis,

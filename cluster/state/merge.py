@@ -10,9 +10,9 @@ function here:
   its origin and is read-only to this site's clients, unless this site was
   promoted over the origin.  The state machine refuses commands with it, the
   views report ``writable`` with it, and a broker refuses an attach with it.
-* **R7, fencing** (:func:`fenced`): a stream of an epoch below the one this
-  site accepted from the origin, or equal to the epoch of a promotion here,
-  is fenced.  The state machine fences ``Replicated`` and ``ResyncApply``
+* **R7, fencing** (:func:`fenced`): a stream of an epoch other than the one
+  this site accepted from the origin, or any stream of an origin this site
+  was promoted over, is fenced.  The state machine fences ``Replicated`` and ``ResyncApply``
   commands with it; the sidecar's ingress refuses a HELLO with it.
 * **Admission and bookkeeping** (:func:`admit`, :func:`record_applied`): a
   ``Replicated`` command and a ``ResyncApply`` pass the same checks, in the
@@ -45,13 +45,15 @@ def read_only_origin(state: SiteState, queue: Queue) -> str | None:
 
 
 def fenced(origin: Origin | None, epoch: int) -> bool:
-    """R7: is a command or HELLO of ``epoch`` from ``origin`` fenced?  Below
-    the accepted epoch it is stale; equal to it after a promotion here, it
-    comes from the primary this site was promoted over.  An origin this site
-    knows nothing of (None) fences nothing."""
+    """R7: is a command or HELLO of ``epoch`` from ``origin`` fenced?  After a
+    promotion here, every epoch is: only the operator's ``AcceptPrimary``
+    lets the origin in again, at the epoch it names.  Otherwise any epoch but
+    the accepted one is: below it a stale primary, above it one that was not
+    told to move (a link peer cannot raise it).  An origin this site knows
+    nothing of (None), or has no epoch from yet, fences nothing."""
     if origin is None:
         return False
-    return epoch < origin.epoch or (origin.promoted and epoch == origin.epoch)
+    return origin.promoted or origin.epoch not in (0, epoch)
 
 
 def origin_record(state: SiteState, name: str) -> Origin:
@@ -90,16 +92,15 @@ def record_applied(
     state: SiteState, origin: str, incarnation: int, cseq: int, epoch: int, time_us: int
 ) -> None:
     """Book a replicated command :func:`admit` let through as applied: its
-    incarnation is the accepted one, a higher epoch is accepted (ending a
-    promotion here: the replicas are read-only again), the R1 watermark and
-    the RPO times move, and ``replicated_applied`` counts it."""
+    incarnation is the accepted one, the epoch of a first command is the
+    accepted one, the R1 watermark and the RPO times move, and
+    ``replicated_applied`` counts it."""
     o = origin_record(state, origin)
     o.incarnation = incarnation
     if o.refused_incarnation == incarnation:
         o.refused_incarnation = 0
-    if epoch > o.epoch:
+    if o.epoch == 0:
         o.epoch = epoch
-        o.promoted = False
     o.applied[incarnation] = cseq
     o.last_time_us = time_us
     o.last_cseq = state.cseq

@@ -377,7 +377,9 @@ class SiteState:
         "cluster",
         "counters",
         "cseq",
+        "epoch",
         "exchanges",
+        "guarded",
         "incarnation",
         "origins",
         "queues",
@@ -387,6 +389,8 @@ class SiteState:
         "rules_cseq",
         "sessions",
         "staged",
+        "superseded_by",
+        "superseded_time_us",
         "watermarks",
     )
 
@@ -405,6 +409,12 @@ class SiteState:
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.reported: dict[tuple[str, str], None] = {}
         self.staged: dict[str, StagedResync] = {}  # per origin, a resync being staged
+        # This site's own stream: its epoch (SetEpoch), and the site promoted
+        # over it (Superseded) with the queues whose publishes are refused.
+        self.epoch = 1
+        self.superseded_by = ""
+        self.superseded_time_us = 0
+        self.guarded: dict[str, None] = {}
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] += n

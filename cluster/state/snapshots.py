@@ -27,6 +27,8 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
                   | u32 n | n x queue
                   | u32 n | n x session
                   | u32 n | n x staged
+                  | epoch u32 | superseded_by str16 | superseded_time_us u64
+                  | u32 n | n x guarded queue str16   (this site's own stream)
     origin     := name str16 | incarnation u64 | epoch u32 | promoted u8
                   | promoted_time_us u64 | last_time_us u64 | last_cseq u64
                   | refused_incarnation u64 | u32 n | n x (incarnation u64 | cseq u64)
@@ -206,6 +208,12 @@ def snapshot(state: SiteState) -> bytes:
         _str16(out, origin_name)
         out.append(_STAGED.pack(staged.incarnation, staged.cut, staged.epoch, staged.pieces))
         _bytes32(out, staged_records(origin_name, staged))
+    out.append(_U32.pack(state.epoch))
+    _str16(out, state.superseded_by)
+    out.append(_U64.pack(state.superseded_time_us))
+    out.append(_U32.pack(len(state.guarded)))
+    for name in state.guarded:
+        _str16(out, name)
     try:
         return b"".join(out)
     except TypeError as exc:  # pragma: no cover - a body that is not bytes
@@ -459,6 +467,10 @@ def _restore(r: _Reader) -> SiteState:
             raise RemoteProtocolError(f"snapshot: the resync staged from {origin_name} is corrupt")
         staged.pieces = pieces
         st.staged[origin_name] = staged
+    st.epoch = r.u32()
+    st.superseded_by = r.str16()
+    st.superseded_time_us = r.u64()
+    st.guarded = {r.str16(): None for _ in range(r.u32())}
     if r.off != len(data):
         raise RemoteProtocolError(f"snapshot has {len(data) - r.off} trailing bytes")
     for q in st.queues.values():

@@ -21,13 +21,14 @@ def origin(epoch: int, promoted: bool = False, incarnation: int = 0) -> Origin:
     [
         (1, 2, False, True),  # below the accepted epoch: stale
         (2, 2, False, False),
-        (3, 2, False, False),  # a newer epoch is accepted
+        (3, 2, False, True),  # above it: only the operator moves the epoch
+        (5, 0, False, False),  # nothing accepted yet: the first stream sets it
         (2, 2, True, True),  # the epoch this site was promoted at
-        (3, 2, True, False),
+        (3, 2, True, True),  # a promotion fences every epoch (AcceptPrimary lifts it)
         (1, 2, True, True),
     ],
 )
-def test_r7_fences_below_the_accepted_epoch_and_at_a_promotion(
+def test_r7_fences_any_other_epoch_and_everything_after_a_promotion(
     epoch: int, accepted: int, promoted: bool, expected: bool
 ) -> None:
     assert fenced(origin(accepted, promoted), epoch) is expected
@@ -102,13 +103,13 @@ def test_admission_changes_no_record_but_creates_it() -> None:
     assert (o.incarnation, o.epoch, o.applied) == (0, 0, {})
 
 
-def test_bookkeeping_accepts_the_incarnation_and_a_newer_epoch_ending_a_promotion() -> None:
+def test_bookkeeping_accepts_the_incarnation_and_a_first_epoch() -> None:
     state = d_site()
     o = origin_record(state, "P")
-    o.epoch, o.promoted, o.refused_incarnation = 2, True, 9
+    o.refused_incarnation = 9
     state.cseq = 40
     record_applied(state, "P", 9, 12, 3, 5_000)
     assert (o.incarnation, o.refused_incarnation, o.epoch, o.promoted) == (9, 0, 3, False)
     assert (o.applied, o.last_time_us, o.last_cseq) == ({9: 12}, 5_000, 40)
-    record_applied(state, "P", 9, 13, 1, 6_000)  # a lower epoch changes no epoch
+    record_applied(state, "P", 9, 13, 4, 6_000)  # only the operator moves an epoch
     assert (o.epoch, o.applied[9]) == (3, 13)

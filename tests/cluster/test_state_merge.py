@@ -356,6 +356,7 @@ def test_r6_conflict_reported_again_after_the_local_queue_is_deleted() -> None:
     apply(st, pc.Promote("P", 5, 0))
     apply(st, pc.QueueDelete("q"))
     apply(st, pc.QueueDeclare("q"))
+    apply(st, pc.AcceptPrimary("P", 6))
     eff = apply(st, Feed(epoch=6).rep((Mode.FULL, pc.QueueDeclare("q")), cseq=100))
     assert any(isinstance(e, Conflict) for e in eff)
 
@@ -392,12 +393,13 @@ def test_remote_wiring_bindings_and_deletes() -> None:
     ("steps", "expected"),
     [
         # (epoch of a Replicated, or ("promote", epoch)) -> outcome / Promoted / ignored
-        ([1, 1, 2, 1], "AAAF"),
-        ([3, 2], "AF"),
+        # The replicas were declared at epoch 1: that is the accepted epoch.
+        ([1, 1, 2, 1], "AAFA"),  # a higher epoch from a link peer moves nothing
+        ([3, 2], "FF"),
         ([1, ("promote", 2), 1, 2], "APFF"),
-        ([1, ("promote", 2), 3, 2], "APAF"),
+        ([1, ("promote", 2), 3, 2], "APFF"),  # no epoch un-promotes: AcceptPrimary does
         ([1, ("promote", 2), ("promote", 2), ("promote", 1)], "APII"),
-        ([("promote", 4), 4, 5], "PFA"),
+        ([("promote", 4), 4, 5], "PFF"),
     ],
 )
 def test_r7_epoch_fencing(steps: list[Any], expected: str) -> None:
@@ -420,16 +422,29 @@ def test_r7_epoch_fencing(steps: list[Any], expected: str) -> None:
     assert statistics(st)["r7_fenced"] == fenced
 
 
-def test_r7_newer_epoch_after_promotion_makes_replicas_read_only_again() -> None:
+def test_r7_only_the_operator_lets_the_primary_in_again_after_a_promotion() -> None:
     st = with_replicas(Feed(), ("q", Mode.FULL))
+    apply(st, Feed().rep((Mode.FULL, enq("q", 1)), cseq=20))
     apply(st, pc.Promote("P", 2, 0))
     assert queue_info(st, "q").writable is True  # type: ignore[union-attr]
-    eff = apply(st, Feed(epoch=3).rep((Mode.FULL, enq("q", 1)), cseq=50))
-    assert outcome(eff) is Outcome.APPLIED
-    assert queue_info(st, "q").writable is False  # type: ignore[union-attr]
+    # A link peer claiming a higher epoch used to end the promotion.
+    eff = apply(st, Feed(epoch=3).rep((Mode.FULL, enq("q", 2)), cseq=50))
+    assert outcome(eff) is Outcome.FENCED
+    info = origin_info(st, "P")
+    assert info is not None and (info.epoch, info.promoted) == (2, True)
+    assert queue_info(st, "q").writable is True  # type: ignore[union-attr]
+    apply(st, pc.AcceptPrimary("P", 2))  # not above the promotion: ignored
+    assert origin_info(st, "P").promoted  # type: ignore[union-attr]
+    apply(st, pc.AcceptPrimary("P", 3))
     info = origin_info(st, "P")
     assert info is not None
-    assert (info.epoch, info.promoted) == (3, False)
+    assert (info.epoch, info.promoted, info.applied) == (3, False, {INC: 0})
+    assert queue_info(st, "q").writable is False  # type: ignore[union-attr]
+    assert outcome(apply(st, Feed(epoch=2).rep((Mode.FULL, enq("q", 3)), cseq=51))) is (
+        Outcome.FENCED
+    )
+    eff = apply(st, Feed(epoch=3).rep((Mode.FULL, enq("q", 3)), cseq=51))
+    assert outcome(eff) is Outcome.APPLIED
 
 
 def test_replicated_from_this_very_site_is_refused() -> None:

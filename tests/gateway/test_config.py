@@ -378,6 +378,7 @@ def test_valid_sidecar_config_builds_the_frozen_object(tmp_path: Path) -> None:
         "metrics": Address("0.0.0.0", 9464),
         "metrics_web": None,
         "capture": None,
+        "zombie_guard": "full",
     }
     got = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "rules"}
     assert got == expected

@@ -255,3 +255,23 @@ async def test_a_resync_is_made_as_the_window_takes_it(
         assert ev.total_chunks == chunks >= 6
         assert ev.total_bytes > 6_000_000
         assert resync.messages_done == 600 and resync.progress_ratio == 1.0
+
+
+async def test_refused_as_stale_the_egress_turns_the_zombie_guard_on(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    site = Site(tmp_path, events=0)
+    site.member.apply(pc.QueueDeclare("q-full"), pc.QueueDeclare("q-enq"))
+    site.egress.tap.resync_rules(site.member.state)
+    async with running(site):
+        _, d = await site.next_link()
+        await d.next_of(link.Hello)
+        text = "site-d was promoted at 2026-11-24 10:00:00 UTC (epoch 2)"
+        await d.stream.send_all(
+            d.machine.refuse(int(link.LinkErrorCode.STALE_EPOCH), text, retriable=False)
+        )
+        await site.next_link()  # it tries again, later
+    (superseded,) = [c for c in site.member.posted if isinstance(c, pc.Superseded)]
+    assert superseded.by_cluster == "site-d"
+    assert set(superseded.guarded) == {"q-full"}  # zombie_guard: full, the default
+    assert "promoted" in site.egress.status.last_error

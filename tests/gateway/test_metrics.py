@@ -268,6 +268,7 @@ def test_status_document_of_a_broker_field_for_field() -> None:
         "last_seq": None,
         "link_gaps_total": None,
         "link_refused_total": None,
+        "superseded_by": None,
         "rates": dict.fromkeys(doc["rates"]),
         "spool": dict.fromkeys(
             (

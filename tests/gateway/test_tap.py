@@ -349,3 +349,14 @@ def test_a_switch_of_a_queue_too_big_for_one_event_goes_by_a_resync(count: int, 
     (replicated,) = pc.decode_frame_untrusted(after.payload)
     assert isinstance(replicated, pc.Replicated)
     assert replicated.modes == (Mode.FULL,)  # the new rules are in force
+
+
+def test_the_events_carry_the_sites_epoch_from_set_epoch_on() -> None:
+    site = Site()
+    site.tap.resync_rules(site.state)  # a sidecar's tap starts from its site's state
+    assert site.tap.epoch == 1  # P's epoch is the site's, not a constant
+    site.run(pc.SetEpoch(4))
+    event = site.run(pc.QueueDeclare("f.q"))
+    assert event is not None
+    (replicated,) = pc.decode_frame_untrusted(event.payload)
+    assert isinstance(replicated, pc.Replicated) and replicated.epoch == 4

@@ -62,6 +62,9 @@ simple_commands = st.one_of(
     st.builds(c.Genesis, names, u64),
     st.builds(c.ResyncApply, names, u64, u64, u32, u64, bodies),
     st.builds(c.ResyncCommit, names, u64, u64, u32, u64, u32),
+    st.builds(c.AcceptPrimary, names, u32),
+    st.builds(c.SetEpoch, u32),
+    st.builds(c.Superseded, names, u64, value_maps),
     st.builds(c.ResyncStage, names, u64, u64, u32, u32, bodies),
 )
 
@@ -185,6 +188,9 @@ SAMPLES: dict[str, c.Command] = {
     "resync_commit": c.ResyncCommit(
         "site-p", 0x1122334455667788, 1000, 1, 1_700_000_000_000_000, 4
     ),
+    "accept_primary": c.AcceptPrimary("site-p", 3),
+    "set_epoch": c.SetEpoch(3),
+    "superseded": c.Superseded("site-d", 1_700_000_000_000_000, {"orders": None, "q-full": None}),
 }
 
 
