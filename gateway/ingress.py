@@ -159,15 +159,22 @@ class Ingress:
         if origin is None:
             return None
         site, peer = self.config.site, hello.origin_cluster
-        if fenced(origin, hello.epoch):
+        if origin.promoted:
             when = time.strftime(
                 "%Y-%m-%d %H:%M:%S UTC", time.gmtime(origin.promoted_time_us / 1e6)
             )
             text = (
-                f"{site} was promoted at {when} (epoch {origin.epoch}); it no longer "
-                f"accepts {peer}'s stream of epoch {hello.epoch}. This primary "
-                f"is stale: stop it, or make it the DR site of {site} "
-                "(docs/operations.md, 'When the primary comes back')"
+                f"{site} was promoted over {peer} at {when} (epoch {origin.epoch}); it accepts "
+                f"no stream of {peer} (this one is epoch {hello.epoch}) until an operator runs "
+                f"'drgate failback' at {site}. This primary is stale: stop its clients, or fail "
+                "back (docs/operations.md, 'When the primary comes back')"
+            )
+            return int(link.LinkErrorCode.STALE_EPOCH), text
+        if fenced(origin, hello.epoch):
+            text = (
+                f"{site} accepts {peer}'s stream at epoch {origin.epoch} only; this one is "
+                f"epoch {hello.epoch}. After 'drgate failback' at {site}, run at {peer}: "
+                f"drgate failback --epoch {origin.epoch} --config <a {peer} sidecar's config>"
             )
             return int(link.LinkErrorCode.STALE_EPOCH), text
         if origin.incarnation not in (0, hello.incarnation):

@@ -240,3 +240,24 @@ async def test_a_peer_may_send_only_its_own_stream_at_its_own_positions(
         assert (await hello(end)).resume_from == 1
         end.machine.send_event(link.LinkEvent(2, 2_000, replicated(2), prev_seq=1))
         assert (await end.next_of(link.Acked)).seq == 2
+
+
+async def test_no_epoch_undoes_a_promotion(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    member = MemberStandIn("site-d")
+    member.apply(pc.Replicated("site-p", INCARNATION, 41, 1, 0, (), ()))
+    member.apply(pc.Promote("site-p", 2, 1_700_000_000_000_000))
+    ingress = make_ingress(tmp_path, member)
+    for epoch in (1, 2, 3, 2**31):  # the old one, the promotion's, and above
+        async with connected(ingress, epoch=epoch) as end:
+            await end.stream.send_all(end.machine.start(trio.current_time(), resume_point=0))
+            error = await end.next_of(link.PeerError)
+            assert error.code == link.LinkErrorCode.STALE_EPOCH, epoch
+            assert "was promoted" in error.text
+    origin = member.state.origins["site-p"]
+    assert (origin.promoted, origin.epoch) == (True, 2)
+    # Only the operator lets the primary in again, at the epoch D names.
+    member.apply(pc.AcceptPrimary("site-p", 3))
+    async with connected(ingress, epoch=3) as end:
+        assert (await hello(end)).resume_from == 0  # a resync will replace D's replicas

@@ -78,16 +78,38 @@ def test_promote_makes_full_replicas_writable_and_fences_the_old_primary(two: Tw
     consumed = two.d.client(1, "consume", two.d.amqp[1], "q-full", "--count", "5")
     assert consumed["received"] == 5
 
-    # The old primary keeps running: its egress is refused with the promotion.
+    # The old primary keeps running: its egress is refused with the promotion,
+    # and its brokers stop settling publishes to its full queues (zombie guard).
     wait_for(
         "P's egress reports the promotion",
         lambda: "was promoted" in status(two, "site-p", 1)["last_error"],
     )
-    assert publish(two, "q-full", 10) == 10
+    wait_for("P's zombie guard is on", lambda: status(two, "site-p", 1)["superseded_by"])
+    zombie = two.p.client(2, "publish", two.p.amqp[2], "q-full", "--count", "1")
+    assert zombie["accepted"] == 0, zombie
+    reason = zombie["error"] or zombie["first_rejection"]
+    assert "site-d was promoted over site-p" in reason, reason
+    assert publish(two, "q-enq", 10) == 10  # enqueue queues are not guarded by default
     d = queues(two.d.describe(2))["q-full"]
     assert d["depth"] == 200, "a fenced primary's messages reached D"
     again = drgate("promote", "--config", config)
     assert again.returncode == 0 and "already promoted" in again.stdout
+
+    # Failback, explicitly at both sites: D lets P in again at a new epoch and
+    # is resynced to P's state; P resumes at that epoch, its guard lifted.
+    accepted = drgate("failback", "--config", config, "--json")
+    assert accepted.returncode == 0, accepted.stderr
+    epoch = json.loads(accepted.stdout)["epoch"]
+    assert epoch == result["epoch"] + 1
+    p_config = str(two.p.workdir / "sidecar-1.yaml")
+    resumed = drgate("failback", "--config", p_config, "--epoch", str(epoch), "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["superseded_by"] == "site-d"
+    assert publish(two, "q-full", 10) == 10
+    wait_for("D's full replica is P's again", lambda: converged(two))
+    assert queues(two.d.describe(2))["q-full"]["depth"] == 210
+    refused = two.d.client(1, "publish", two.d.amqp[1], "q-full", "--count", "1")
+    assert "read-only" in (refused["error"] or refused["first_rejection"])
 
 
 def test_new_incarnation_is_refused_until_accepted(two: TwoSites) -> None:
