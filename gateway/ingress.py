@@ -414,10 +414,26 @@ class _Connection:
                 if isinstance(head, pc.ResyncCommit):
                     self.ingress.check_resync_applied(head)
                 else:
+                    self._check_applied(seq)
                     self.ingress.ingested += len(commands)
                 self.receiver.ack(seq)
             if self.reading is not None:
                 self.reading.cancel()
+
+    def _check_applied(self, seq: int) -> None:
+        """Ack nothing D did not apply: the events up to ``seq`` went through
+        D's bus in order, so D's watermark for the origin must have reached
+        ``seq`` (a fencing or an incarnation switch in between leaves it
+        lower: the link stops, and the next HELLO is refused with the reason)."""
+        hello = self.receiver.hello
+        assert hello is not None
+        done = applied(self.ingress.member.state, hello.origin_cluster, hello.incarnation)
+        if done < seq:
+            raise DrgateError(
+                f"events up to {seq} from {hello.origin_cluster} were not applied by "
+                f"{self.ingress.config.site} (it applied up to {done}); nothing after {done} "
+                "is acked, and the link restarts"
+            )
 
     def _gather(self, first: _Work) -> list[_Work]:
         """``first`` and what else has arrived, to go through D's bus in one

@@ -20,6 +20,7 @@ from gateway.roles import RoleSignal, SidecarRole
 from gateway.spool import Spool
 from gateway.tap import Tap
 from protocol import cluster as pc
+from protocol.errors import BusError
 from tests.support.linkpeer import MemberStandIn, sidecar_config
 
 MESSAGES = 8
@@ -115,3 +116,63 @@ async def test_a_hole_on_the_link_is_refused_by_d_and_healed_by_a_resync(
     assert st.queue_digest(d.state, "q-full") == st.queue_digest(p.state, "q-full")
     bodies = [m.body for m in d.state.queues["q-full"].messages.values()]
     assert bodies == [f"m-{n}".encode() for n in range(1, MESSAGES + 1)]
+
+
+async def test_an_event_that_fails_to_apply_is_applied_later_never_dropped_as_a_duplicate(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The head-of-line pattern that lost data in another broker's
+    geo-replication: event k fails to apply at D while k+1..n are on their
+    way; k is sent again.  Here k's trip through D's bus fails once: the link
+    must stop before anything after k is applied or acked, and the next
+    connection applies k, then the rest, each once and in order."""
+    p, tap, spool = primary(tmp_path / "p")
+    seqs = sorted(seq for seq, *_ in spool.read_after(0))
+    k = seqs[LOST]
+    caught_up = trio.Event()
+    failed = [False]
+
+    class FlakyDrSite(MemberStandIn):
+        async def submit_and_wait(self, *commands: pc.Command) -> None:
+            if not failed[0] and any(
+                isinstance(c, pc.Replicated) and c.origin_cseq == k for c in commands
+            ):
+                failed[0] = True
+                raise BusError(f"test: the frame holding event {k} did not make it")
+            await super().submit_and_wait(*commands)
+            if st.applied(self.state, "site-p", 1) >= p.state.cseq:
+                caught_up.set()
+
+    d = FlakyDrSite("site-d")
+    for _seq, _time_us, payload, _prev in spool.read_after(0)[:3]:  # D holds a prefix
+        d.apply(*pc.decode_frame_untrusted(payload))
+    (tmp_path / "d").mkdir()
+    d_config = sidecar_config(tmp_path / "d", primary=False, site="site-d", peer="site-p")
+    ingress = Ingress(d_config, d, role=lambda: SidecarRole.INGRESS, active=lambda: None)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+
+        async def connect(address: Address) -> trio.abc.Stream:
+            ours, theirs = trio.testing.memory_stream_pair()
+            nursery.start_soon(ingress.handle, theirs)
+            return ours
+
+        config = sidecar_config(tmp_path / "p", primary=True, site="site-p", peer="site-d")
+        egress = Egress(
+            config,
+            p,  # type: ignore[arg-type]
+            tap,
+            spool=lambda: spool,
+            role=lambda: SidecarRole.EGRESS,
+            roles=RoleSignal(),
+            connect=connect,
+        )
+        nursery.start_soon(egress.serve)
+        with trio.fail_after(60):
+            await caught_up.wait()
+        nursery.cancel_scope.cancel()
+
+    assert failed[0] and egress.status.reconnects >= 1  # the link stopped once
+    replicated = [c for c in d.applied if isinstance(c, pc.Replicated)]
+    assert [c.origin_cseq for c in replicated] == seqs, "dropped, doubled or reordered"
+    assert d.state.counters["r1_duplicates"] == 0
+    assert st.queue_digest(d.state, "q-full") == st.queue_digest(p.state, "q-full")
