@@ -227,7 +227,8 @@ def load_bus(node: Node, problems: Problems, *, path: str, node_id: int) -> BusC
         problems.error(
             node.location,
             "the embedded bus needs 'address' (the sequencer's HOST:PORT)",
-            "start one with 'drgate bus --listen 127.0.0.1:7400' and add address: 127.0.0.1:7400",
+            "start one with 'drgate bus --listen 127.0.0.1:7400 --group NAME --key-file bus.key' "
+            "and add address: 127.0.0.1:7400",
         )
     key_file = None
     if "key_file" in fields:
