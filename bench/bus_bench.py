@@ -39,6 +39,7 @@ import select
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -84,7 +85,7 @@ async def framework_member(args: argparse.Namespace) -> int:
         backend = "corosync"
         corosync.PACK_MAX_ITEMS = 1
     address = None if args.address is None else parse_address(args.address, key="--address")
-    config = BusConfig(backend, args.group, args.node, address)
+    config = BusConfig(backend, args.group, args.node, address, args.key_file)
     payload = b"x" * args.size
     async with open_bus(config, role=Role.ADMIN) as member:
         got = 0
@@ -275,26 +276,42 @@ def run_round(argvs: list[list[str]]) -> float:
 
 
 @contextmanager
-def open_sequencer(group: str) -> Iterator[str]:
-    """An embedded bus sequencer (``drgate bus``) for ``group``; yields its HOST:PORT."""
-    sequencer = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "bus", "--group", group],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
-    try:
-        assert sequencer.stdout is not None
-        yield sequencer.stdout.readline().split()[2]
-    finally:
-        sequencer.terminate()
-        sequencer.wait()
-        if sequencer.stdout is not None:
-            sequencer.stdout.close()
+def open_sequencer(group: str) -> Iterator[tuple[str, str]]:
+    """An embedded bus sequencer (``drgate bus``) for ``group`` under a new
+    key; yields its HOST:PORT and the key file its members need."""
+    with tempfile.TemporaryDirectory(prefix="bus-bench-") as folder:
+        key_file = str(Path(folder) / "bus.key")
+        subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "keygen", "--bus", key_file],
+            check=True,
+            capture_output=True,
+            cwd=REPO,
+        )
+        sequencer = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "bus", "--group", group, "--key-file", key_file],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        try:
+            assert sequencer.stdout is not None
+            yield sequencer.stdout.readline().split()[2], key_file
+        finally:
+            sequencer.terminate()
+            sequencer.wait()
+            if sequencer.stdout is not None:
+                sequencer.stdout.close()
 
 
 def member_argv(
-    backend: str, group: str, node: int, size: int, count: int, sender: bool, address: str | None
+    backend: str,
+    group: str,
+    node: int,
+    size: int,
+    count: int,
+    sender: bool,
+    address: str | None,
+    key_file: str | None = None,
 ) -> list[str]:
     argv = [
         *(
@@ -320,6 +337,8 @@ def member_argv(
         argv.append("--sender")
     if address:
         argv += ["--address", address]
+    if key_file:
+        argv += ["--key-file", key_file]
     return argv
 
 
@@ -334,6 +353,7 @@ def main() -> int:
     member.add_argument("--count", type=int, required=True)
     member.add_argument("--sender", action="store_true")
     member.add_argument("--address")
+    member.add_argument("--key-file")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
     parser.add_argument("--no-corosync", action="store_true")
     parser.add_argument("--repeat", type=int, default=3, help="rounds per configuration")
@@ -349,11 +369,13 @@ def main() -> int:
     sizes = [int(size) for size in args.sizes.split(",")]
     counts = {size: int(SIZES.get(size, 3000) * args.scale) for size in sizes}
     results: dict[tuple[str, int], list[float]] = {}
-    with open_sequencer("bench") as address:
+    with open_sequencer("bench") as (address, key_file):
         for size in sizes:
             for _ in range(args.repeat):
                 argvs = [
-                    member_argv("embedded", "bench", n, size, counts[size], n == 1, address)
+                    member_argv(
+                        "embedded", "bench", n, size, counts[size], n == 1, address, key_file
+                    )
                     for n in range(1, MEMBERS + 1)
                 ]
                 rate = counts[size] / run_round(argvs)

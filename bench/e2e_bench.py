@@ -147,9 +147,11 @@ def bus_ceiling(backend: str, count: int) -> float:
     import bus_bench
 
     if backend == "embedded":
-        with bus_bench.open_sequencer("e2e-ceiling") as address:
+        with bus_bench.open_sequencer("e2e-ceiling") as (address, key_file):
             argvs = [
-                bus_bench.member_argv("embedded", "e2e-ceiling", n, 200, count, n == 1, address)
+                bus_bench.member_argv(
+                    "embedded", "e2e-ceiling", n, 200, count, n == 1, address, key_file
+                )
                 for n in (1, 2, 3)
             ]
             return count / bus_bench.run_round(argvs)

@@ -41,6 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _leaves(group: BaseExceptionGroup[DrgateError]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -50,6 +57,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A user's mistake or an operational failure: the message says what and
         # how to fix it; a traceback would only hide that.
         print(f"drgate {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except BaseExceptionGroup as group:
+        # A service's nursery wraps what its task raised (a member refused
+        # by the bus, say): when that is only DrgateErrors, say them as above.
+        errors, rest = group.split(DrgateError)
+        if errors is None or rest is not None:
+            raise
+        for error in _leaves(errors):
+            print(f"drgate {args.command}: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -13,6 +13,7 @@ Broker config (``drgate broker --config FILE``)::
       backend: embedded        # embedded | corosync
       group: drgate            # bus group name
       address: 127.0.0.1:7400  # embedded only: the sequencer
+      key_file: bus.key        # embedded only: the site's bus key (drgate keygen --bus)
     amqp:
       listen: 10.0.0.1:5672    # default 127.0.0.1:5672
       tls:                     # optional: mutual TLS
@@ -46,6 +47,7 @@ from cluster.amqpauth import (
     load_users,
 )
 from cluster.bus import BusConfig
+from cluster.bus.auth import bus_key_problem
 from cluster.node import DEFAULT_MAX_SITE_BYTES, BrokerConfig
 from cluster.tls import TlsFiles
 from cluster.webconfig import WebConfig
@@ -197,10 +199,10 @@ def load_metrics(
     return listen, web
 
 
-def load_bus(node: Node, problems: Problems, *, node_id: int) -> BusConfig | None:
-    fields = check_keys(
-        node, problems, what="'bus'", required=("backend",), optional=("group", "address")
-    )
+def load_bus(node: Node, problems: Problems, *, path: str, node_id: int) -> BusConfig | None:
+    """``bus``; the embedded bus's ``key_file`` is relative to the config file ``path``."""
+    optional = ("group", "address", "key_file")
+    fields = check_keys(node, problems, what="'bus'", required=("backend",), optional=optional)
     if fields is None:
         return None
     backend = (
@@ -225,11 +227,18 @@ def load_bus(node: Node, problems: Problems, *, node_id: int) -> BusConfig | Non
         problems.error(
             node.location,
             "the embedded bus needs 'address' (the sequencer's HOST:PORT)",
-            "start one with 'drgate bus --listen 127.0.0.1:7400' and add address: 127.0.0.1:7400",
+            "start one with 'drgate bus --listen 127.0.0.1:7400 --group NAME --key-file bus.key' "
+            "and add address: 127.0.0.1:7400",
         )
+    key_file = None
+    if "key_file" in fields:
+        text = expect_str(fields["key_file"], problems, what="'bus.key_file'")
+        key_file = beside(path, text) if text else None
+    if backend is not None and (problem := bus_key_problem(backend, key_file)) is not None:
+        problems.error(fields.get("key_file", node).location, *problem)
     if backend is None:
         return None
-    return BusConfig(backend=backend, group=group, node=node_id, address=address)
+    return BusConfig(backend, group, node_id, address, key_file if backend == "embedded" else None)
 
 
 def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
@@ -245,7 +254,11 @@ def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
         expect_str(fields["cluster"], problems, what="'cluster'") if "cluster" in fields else None
     )
     node_id = load_node_id(fields, problems)
-    bus = load_bus(fields["bus"], problems, node_id=node_id or 0) if "bus" in fields else None
+    bus = (
+        load_bus(fields["bus"], problems, path=path, node_id=node_id or 0)
+        if "bus" in fields
+        else None
+    )
     amqp_listen, tls, security = DEFAULT_AMQP, None, AmqpSecurity()
     amqp: dict[str, Node] = {}
     if "amqp" in fields:
@@ -382,7 +395,11 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
     if role is not None and role not in SITE_ROLES:
         problems.error(fields["role"].location, f"unknown role {role!r}", "use primary or dr")
     node_id = load_node_id(fields, problems)
-    bus = load_bus(fields["bus"], problems, node_id=node_id or 0) if "bus" in fields else None
+    bus = (
+        load_bus(fields["bus"], problems, path=path, node_id=node_id or 0)
+        if "bus" in fields
+        else None
+    )
     peer_cluster = text_of("peer_cluster")
     peers = _load_peers(fields["peers"], problems) if "peers" in fields else []
     listen = (

@@ -202,7 +202,8 @@ class CorosyncSite(Started):
 
         knet encrypts and authenticates every packet with the site's authkey
         (:meth:`ensure_authkey`): a host on the ring's network that lacks the
-        key can neither read the bus nor join it."""
+        key can neither read the bus nor join it.  No ``uidgid`` entry: on a
+        node only root's processes (the lab's) may join a CPG group."""
         nodelist = "".join(
             "    node {\n"
             f"        ring0_addr: {n.address}\n"

@@ -2,7 +2,8 @@
 
 Used by the integration tests, the benchmarks and the demo.  Two backends:
 
-* ``embedded``: a ``drgate bus`` sequencer and every process on loopback;
+* ``embedded``: a ``drgate bus`` sequencer and every process on loopback,
+  under one bus key per site (``bus.key`` in the site's folder, made if absent);
 * ``corosync``: a :class:`lab.netns.CorosyncSite` (one network
   namespace per node), each broker started inside its node's namespace.
 
@@ -35,6 +36,10 @@ START_TIMEOUT_S = 60.0
 # How long a process gets to stop on SIGTERM before SIGKILL.
 STOP_TIMEOUT_S = 10.0
 ROOT = Path(__file__).resolve().parents[1]
+# The embedded bus's key, in the site's folder; its size is what `drgate
+# keygen --bus` writes (the lab imports no project package, so it makes its own).
+BUS_KEY_FILE = "bus.key"
+BUS_KEY_BYTES = 32
 
 
 class SiteError(RuntimeError):
@@ -133,11 +138,27 @@ class BrokerSite(Started):
             self.start_broker(node)
 
     def start_bus(self) -> None:
-        proc = self._spawn(
-            "bus", drgate_argv("bus", "--listen", "127.0.0.1:0", "--group", self.group)
-        )
+        argv = ["bus", "--listen", "127.0.0.1:0", "--group", self.group]
+        proc = self._spawn("bus", drgate_argv(*argv, "--key-file", str(self.ensure_bus_key())))
         line = proc.wait_line("listening on")
         self.bus_address = line.split("listening on", 1)[1].split()[0]
+
+    @property
+    def bus_key_path(self) -> Path:
+        return self.workdir / BUS_KEY_FILE
+
+    def ensure_bus_key(self) -> Path:
+        """The site's embedded-bus key, made if absent as ``drgate keygen
+        --bus`` makes one (``BUS_KEY_BYTES`` random bytes, mode 0400): the
+        sequencer, every broker and sidecar of the site and the admin tools
+        run on their configs read it.  A key already there is kept."""
+        try:
+            fd = os.open(self.bus_key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        except FileExistsError:
+            return self.bus_key_path
+        with os.fdopen(fd, "wb") as key:
+            key.write(os.urandom(BUS_KEY_BYTES))
+        return self.bus_key_path
 
     def broker_config(self, node: int) -> Path:
         if self.backend == "corosync":
@@ -151,7 +172,10 @@ class BrokerSite(Started):
             bus = f"  backend: corosync\n  group: {self.group}\n"
         else:
             listen = "127.0.0.1:0"
-            bus = f"  backend: embedded\n  group: {self.group}\n  address: {self.bus_address}\n"
+            bus = (
+                f"  backend: embedded\n  group: {self.group}\n  address: {self.bus_address}\n"
+                f"  key_file: {self.bus_key_path}\n"
+            )
         path = self.workdir / f"broker-{node}.yaml"
         path.write_text(
             f"cluster: {self.cluster}\nnode: {node}\nbus:\n{bus}amqp:\n  listen: {listen}\n"
@@ -449,7 +473,11 @@ class TwoSites(Started):
             "bus:",
             f"  backend: {site.backend}",
             f"  group: {site.group}",
-            *([f"  address: {site.bus_address}"] if site.backend == "embedded" else []),
+            *(
+                [f"  address: {site.bus_address}", f"  key_file: {site.bus_key_path}"]
+                if site.backend == "embedded"
+                else []
+            ),
             f"spool:\n  directory: {spool}\n  fsync: never",
             *([f"  max_bytes: {self.spool_max_bytes}"] if self.spool_max_bytes else []),
             f"rules: {self.rules}",

@@ -30,6 +30,16 @@ def test_every_node_encrypts_the_ring_with_the_sites_authkey(tmp_path: Path) -> 
     assert other.ensure_authkey().read_bytes() != secret
 
 
+def test_no_uidgid_entry_opens_a_nodes_groups_to_other_local_users(tmp_path: Path) -> None:
+    """Corosync's IPC admits root and the users and groups of ``uidgid``
+    entries to CPG groups; the lab runs everything as root and names no one
+    else (docs/bus.md, "Who may join a site's bus")."""
+    site = CorosyncSite("siteA", nodes=3, workdir=tmp_path / "siteA")
+    for node in site.nodes:
+        sections = [line.split("{")[0].strip() for line in site.corosync_conf(node).splitlines()]
+        assert "uidgid" not in sections
+
+
 @pytest.mark.corosync
 @pytest.mark.integration
 @pytest.mark.slow

@@ -66,6 +66,9 @@ class BusConfig:
     group: str
     node: int  # this node's id (embedded needs it; corosync reads its own nodeid and checks)
     address: Address | None = None  # embedded: the sequencer
+    # embedded: the site's bus key (cluster/bus/auth.py); corosync
+    # authenticates nodes with its own authkey (totem.keyfile) instead.
+    key_file: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

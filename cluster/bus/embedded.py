@@ -2,9 +2,17 @@
 
 Theory of operation
 -------------------
-One sequencer process (``drgate bus``) serves one group.  A member connects,
-says HELLO (group, node, role) and gets WELCOME with its ``MemberId``
-(its node and the sequencer's connection number).  Every connection has a
+One sequencer process (``drgate bus``) serves one group.  A member connects
+and both prove they hold the site's key (cluster/bus/auth.py): the member
+says HELLO (node, role, a nonce, group), the sequencer answers CHALLENGE (its
+nonce), the member sends PROOF, and the sequencer, once the proof matches,
+sends WELCOME with the member's ``MemberId`` (its node and the sequencer's
+connection number) and its own proof, which the member checks before it
+reads anything else.  A peer that fails gets ERROR and is closed before it
+becomes a member: nothing of the stream reaches it and nothing it sends is
+sequenced.  Frames before WELCOME are small (``HANDSHAKE_MAX_FRAME_BYTES``)
+and the whole handshake has a deadline, so a stranger costs little.  Every
+connection has a
 reader task that posts what it reads (join, a batch of the multicasts one
 socket read brought, leave) into one bounded inbox; a single sequencer task
 takes the inbox in arrival order, and that order *is* the agreed order: for
@@ -33,6 +41,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import logging
 import os
 import struct
 from collections.abc import AsyncIterator
@@ -41,6 +50,16 @@ from dataclasses import dataclass, field
 
 import trio
 
+from cluster.bus.auth import (
+    KEYGEN_HINT,
+    NONCE_BYTES,
+    PROOF_BYTES,
+    member_proof,
+    new_nonce,
+    proof_matches,
+    read_key_file,
+    sequencer_proof,
+)
 from cluster.bus.contract import (
     BusConfig,
     BusEvent,
@@ -52,12 +71,18 @@ from cluster.bus.contract import (
 from protocol.errors import BusError, RemoteProtocolError
 from protocol.modes import Role
 
+log = logging.getLogger(__name__)
+
 # --- wire format ------------------------------------------------------------
 #
 # Every frame:   u32 length (of what follows, big-endian) | u8 type | body
 #
-# HELLO    c->s  u32 node | u32 pid | u8 role | group (utf-8, rest of frame)
-# WELCOME  s->c  u32 node | u32 member number
+# HELLO    c->s  u32 node | u32 pid | u8 role | member nonce (32 bytes) |
+#                group (utf-8, rest of frame)
+# CHALLENGE s->c sequencer nonce (32 bytes)
+# PROOF    c->s  HMAC-SHA256(key, member label | HELLO body | sequencer nonce)
+# WELCOME  s->c  u32 node | u32 member number | HMAC-SHA256(key, sequencer
+#                label | HELLO body | sequencer nonce | u32 node | u32 number)
 # MCAST    c->s  payload (rest of frame)
 # DELIVER  s->c  u32 sender node | u32 sender number | payload (rest of frame)
 # VIEW     s->c  u64 view id | u8 quorate | u16 n members | u16 n joined |
@@ -65,7 +90,7 @@ from protocol.modes import Role
 # ERROR    s->c  text (utf-8, rest of frame)
 # GOODBYE  c->s  (empty)
 
-HELLO, WELCOME, MCAST, DELIVER, VIEW, ERROR, GOODBYE = range(1, 8)
+HELLO, WELCOME, MCAST, DELIVER, VIEW, ERROR, GOODBYE, CHALLENGE, PROOF = range(1, 10)
 _FRAME_HEAD = struct.Struct(">IB")
 _HELLO = struct.Struct(">IIB")
 _IDPAIR = struct.Struct(">II")
@@ -90,7 +115,16 @@ READS_PER_CHECKPOINT = 32
 # Writers coalesce up to this many queued frames into one send.
 _COALESCE_FRAMES = 64
 _RECEIVE_BYTES = 256 * 1024
+# The whole handshake, HELLO to WELCOME, on either side.
 HELLO_TIMEOUT_S = 10.0
+# Frames before WELCOME: a HELLO with a group name of a few hundred bytes at
+# most, and a proof; a stranger must not make us buffer more.
+HANDSHAKE_MAX_FRAME_BYTES = 4096
+# The ERROR text for a peer whose PROOF does not match: the member side knows
+# it by this text and names its key file in its own error.
+REFUSED_KEY = "the member did not prove that it holds this bus's key"
+# How long a refused peer gets to read its ERROR and close.
+REFUSE_LINGER_S = 2.0
 
 
 def _frame(kind: int, body: bytes = b"") -> bytes:
@@ -129,9 +163,10 @@ def decode_view_untrusted(body: bytes) -> ViewChange:
 class _FrameReader:
     """Reads whole frames from a trio stream; ``None`` at a clean EOF."""
 
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+    def __init__(self, stream: trio.abc.ReceiveStream, *, max_frame: int = MAX_FRAME_BYTES) -> None:
         self._stream = stream
         self._buffer = bytearray()
+        self.max_frame = max_frame  # raised once the peer is authenticated
 
     async def read_frame_untrusted(self) -> tuple[int, bytes] | None:
         while True:
@@ -150,8 +185,8 @@ class _FrameReader:
         with memoryview(buffer) as view:
             while len(frames) < limit and size - pos >= _FRAME_HEAD.size:
                 length, kind = _FRAME_HEAD.unpack_from(buffer, pos)
-                if length < 1 or length > MAX_FRAME_BYTES:
-                    raise RemoteProtocolError(f"frame length {length} outside 1..{MAX_FRAME_BYTES}")
+                if length < 1 or length > self.max_frame:
+                    raise RemoteProtocolError(f"frame length {length} outside 1..{self.max_frame}")
                 end = pos + 4 + length
                 if end > size:
                     break
@@ -192,6 +227,7 @@ class SequencerStatistics:
     members: int
     view_id: int
     sequenced: int
+    refused: int  # connections refused before they became members
     inbox_queued: int
     inbox_limit: int
     outbox_queued_max: int
@@ -199,10 +235,14 @@ class SequencerStatistics:
 
 
 class SequencerServer:
-    """The embedded bus engine for one group.  Run with :meth:`serve`."""
+    """The embedded bus engine for one group, admitting only the members
+    that prove they hold ``key`` (:mod:`cluster.bus.auth`).  Run with
+    :meth:`serve`."""
 
-    def __init__(self, group: str) -> None:
+    def __init__(self, group: str, *, key: bytes) -> None:
         self.group = group
+        self._key = key
+        self._refused = 0
         self._numbers = itertools.count(1)
         self._members: dict[int, _Connection] = {}
         self._view_id = 0
@@ -217,6 +257,7 @@ class SequencerServer:
             members=len(self._members),
             view_id=self._view_id,
             sequenced=self._sequenced,
+            refused=self._refused,
             inbox_queued=self._inbox_send.statistics().current_buffer_used,
             inbox_limit=INBOX_LIMIT,
             outbox_queued_max=self._outbox_max,
@@ -291,21 +332,16 @@ class SequencerServer:
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         conn = _Connection(next(self._numbers), stream)
-        reader = _FrameReader(stream)
+        reader = _FrameReader(stream, max_frame=HANDSHAKE_MAX_FRAME_BYTES)
         try:
+            node = None
             with trio.move_on_after(HELLO_TIMEOUT_S):
-                hello = await reader.read_frame_untrusted()
-            if hello is None or hello[0] != HELLO or len(hello[1]) < _HELLO.size:
+                node = await self._admit(stream, reader, conn.number)
+            if node is None:
                 return
-            node, _pid, _role = _HELLO.unpack_from(hello[1])
-            group = hello[1][_HELLO.size :].decode("utf-8", "replace")
-            if group != self.group:
-                text = f"this sequencer serves group {self.group!r}, not {group!r}"
-                await stream.send_all(_frame(ERROR, text.encode()))
-                return
+            reader.max_frame = MAX_FRAME_BYTES
             conn.member = MemberId(node, conn.number)
             conn.outbox_send, conn.outbox_recv = trio.open_memory_channel[bytes](OUTBOX_LIMIT)
-            await stream.send_all(_frame(WELCOME, _IDPAIR.pack(node, conn.number)))
             async with trio.open_nursery() as nursery:
                 conn.cancel_scope = nursery.cancel_scope
                 nursery.start_soon(self._write_loop, conn)
@@ -326,6 +362,59 @@ class SequencerServer:
                     await self._inbox_send.send(("leave", conn, []))
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 await trio.aclose_forcefully(stream)
+
+    async def _admit(
+        self, stream: trio.SocketStream, reader: _FrameReader, number: int
+    ) -> int | None:
+        """The handshake (module docstring): the peer's node once it proved it
+        holds the key and asked for our group, after WELCOME is sent; None
+        once it is refused.  Refusals are logged with the peer's address."""
+        hello = await reader.read_frame_untrusted()
+        if hello is None or hello[0] != HELLO or len(hello[1]) < _HELLO.size + NONCE_BYTES:
+            what = "nothing" if hello is None else f"frame type {hello[0]}"
+            await self._refuse(stream, f"sent {what} where a HELLO was due", "expected HELLO")
+            return None
+        nonce = new_nonce()
+        await stream.send_all(_frame(CHALLENGE, nonce))
+        transcript = hello[1] + nonce
+        proof = await reader.read_frame_untrusted()
+        if (
+            proof is None
+            or proof[0] != PROOF
+            or not proof_matches(member_proof(self._key, transcript), proof[1])
+        ):
+            await self._refuse(stream, "did not prove that it holds the bus key", REFUSED_KEY)
+            return None
+        node: int = _HELLO.unpack_from(hello[1])[0]
+        group = hello[1][_HELLO.size + NONCE_BYTES :].decode("utf-8", "replace")
+        if group != self.group:
+            text = f"this sequencer serves group {self.group!r}, not {group!r}"
+            await self._refuse(stream, f"asked for group {group!r}", text)
+            return None
+        ids = _IDPAIR.pack(node, number)
+        await stream.send_all(_frame(WELCOME, ids + sequencer_proof(self._key, transcript + ids)))
+        return node
+
+    async def _refuse(self, stream: trio.SocketStream, why: str, text: str) -> None:
+        self._refused += 1
+        try:
+            host, port = stream.socket.getpeername()[:2]
+            peer = f"{host}:{port}"
+        except OSError:
+            peer = "unknown"
+        log.warning(
+            "bus peer %s refused: it %s",
+            peer,
+            why,
+            extra={"peer": peer, "group": self.group},
+        )
+        await stream.send_all(_frame(ERROR, text.encode()))
+        # Let the ERROR reach the peer: closing with its unread bytes still
+        # here would reset the connection, and a reset may discard the ERROR.
+        await stream.send_eof()
+        with trio.move_on_after(REFUSE_LINGER_S):
+            while await stream.receive_some(_RECEIVE_BYTES):
+                pass
 
     async def _read_loop(self, conn: _Connection, reader: _FrameReader) -> None:
         while True:
@@ -374,10 +463,12 @@ async def serve_sequencer(
     port: int,
     group: str,
     *,
+    key: bytes,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run an embedded sequencer for ``group`` until cancelled."""
-    await SequencerServer(group).serve(host, port, task_status=task_status)
+    """Run an embedded sequencer for ``group`` until cancelled, admitting
+    the members that hold ``key`` (:func:`cluster.bus.auth.read_key_file`)."""
+    await SequencerServer(group, key=key).serve(host, port, task_status=task_status)
 
 
 # --- member -------------------------------------------------------------------
@@ -545,36 +636,89 @@ class EmbeddedMember:
             self._wake_reader()
 
 
+async def _join(
+    stream: trio.SocketStream, reader: _FrameReader, config: BusConfig, key: bytes, role: Role
+) -> MemberId:
+    """The member's side of the handshake (module docstring): its id once
+    the sequencer admitted it and proved it holds ``key``.  Raises BusError."""
+    where = f"the sequencer at {config.address}"
+    hello = _HELLO.pack(config.node, os.getpid() & 0xFFFFFFFF, int(role))
+    hello += new_nonce() + config.group.encode()
+    await stream.send_all(_frame(HELLO, hello))
+    challenge = await reader.read_frame_untrusted()
+    _check_reply(challenge, CHALLENGE, NONCE_BYTES, config, where)
+    assert challenge is not None
+    transcript = hello + challenge[1]
+    await stream.send_all(_frame(PROOF, member_proof(key, transcript)))
+    welcome = await reader.read_frame_untrusted()
+    _check_reply(welcome, WELCOME, _IDPAIR.size + PROOF_BYTES, config, where)
+    assert welcome is not None
+    ids, proof = welcome[1][: _IDPAIR.size], welcome[1][_IDPAIR.size :]
+    if not proof_matches(sequencer_proof(key, transcript + ids), proof):
+        raise BusError(
+            f"the process at {config.address} did not prove that it holds the bus key in "
+            f"{config.key_file}: it is not the sequencer of this site, or it reads another key; "
+            f"check bus.address, and that `drgate bus --key-file` names a copy of {config.key_file}"
+        )
+    return MemberId(*_IDPAIR.unpack(ids))
+
+
+def _check_reply(
+    reply: tuple[int, bytes] | None, kind: int, size: int, config: BusConfig, where: str
+) -> None:
+    if reply is None:
+        raise BusError(f"{where} closed the connection during the handshake")
+    if reply[0] == ERROR:
+        text = reply[1].decode("utf-8", "replace")
+        if text == REFUSED_KEY:
+            raise BusError(
+                f"{where} refused this member: it does not hold the site's bus key; "
+                f"make bus.key_file ({config.key_file}) a copy of the key file the sequencer "
+                "reads (`drgate bus --key-file`)"
+            )
+        raise BusError(f"{where} refused this member: {text}")
+    if reply[0] != kind or len(reply[1]) != size:
+        raise BusError(
+            f"{where} sent frame type {reply[0]} ({len(reply[1])} bytes) during the handshake; "
+            "is bus.address a `drgate bus` sequencer of this version?"
+        )
+
+
 @asynccontextmanager
 async def open_embedded_member(config: BusConfig, *, role: Role) -> AsyncIterator[EmbeddedMember]:
-    """Join the embedded bus at ``config.address``; leave on exit."""
+    """Join the embedded bus at ``config.address`` with the key in
+    ``config.key_file``; leave on exit.  Raises BusError when the key file
+    cannot be used, the sequencer cannot be reached, either side's proof does
+    not match or the handshake takes longer than ``HELLO_TIMEOUT_S``."""
     if config.address is None:
         raise BusError(
             "the embedded bus needs the sequencer's address; "
             "give the address `drgate bus --listen` printed"
         )
+    if config.key_file is None:
+        raise BusError(
+            f"the embedded bus of group {config.group} needs its key file (bus.key_file); "
+            f"{KEYGEN_HINT}"
+        )
+    key = read_key_file(config.key_file)
     try:
         stream = await trio.open_tcp_stream(config.address.host, config.address.port)
     except OSError as exc:
         raise BusError(
             f"cannot reach the embedded bus sequencer at {config.address} ({exc}); "
-            "start it with `drgate bus --listen HOST:PORT --group NAME`"
+            "start it with `drgate bus --listen HOST:PORT --group NAME --key-file FILE`"
         ) from None
-    reader = _FrameReader(stream)
+    reader = _FrameReader(stream, max_frame=HANDSHAKE_MAX_FRAME_BYTES)
     try:
-        hello = _HELLO.pack(config.node, os.getpid() & 0xFFFFFFFF, int(role))
-        await stream.send_all(_frame(HELLO, hello + config.group.encode()))
-        with trio.move_on_after(HELLO_TIMEOUT_S):
-            reply = await reader.read_frame_untrusted()
-            if reply is None:
-                raise BusError(f"the sequencer at {config.address} closed the connection")
-            if reply[0] == ERROR:
-                raise BusError(f"the sequencer at {config.address} refused: {reply[1].decode()}")
-            if reply[0] != WELCOME or len(reply[1]) != _IDPAIR.size:
-                raise BusError(f"the sequencer at {config.address} sent frame type {reply[0]}")
-            me = MemberId(*_IDPAIR.unpack(reply[1]))
-        if reply is None:  # pragma: no cover - timed out
-            raise BusError(f"the sequencer at {config.address} did not answer HELLO")
+        with trio.fail_after(HELLO_TIMEOUT_S):
+            me = await _join(stream, reader, config, key, role)
+        reader.max_frame = MAX_FRAME_BYTES
+    except trio.TooSlowError:
+        await trio.aclose_forcefully(stream)
+        raise BusError(
+            f"the sequencer at {config.address} did not finish the handshake within "
+            f"{HELLO_TIMEOUT_S:.0f} s; is bus.address a `drgate bus` sequencer?"
+        ) from None
     except (OSError, trio.BrokenResourceError, RemoteProtocolError) as exc:
         await trio.aclose_forcefully(stream)
         raise BusError(f"joining the embedded bus at {config.address} failed: {exc}") from None

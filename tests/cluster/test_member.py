@@ -13,13 +13,12 @@ from typing import Any
 import trio
 
 from cluster import state as st
-from cluster.addresses import Address
 from cluster.bus import BusConfig, MemberId, ViewChange
-from cluster.bus.embedded import serve_sequencer
 from cluster.member import CHUNK_BYTES, COMMAND_QUEUE, MemberObserver, NullObserver, SiteMember
 from cluster.state.effects import Effect
 from protocol import cluster as pc
 from protocol.modes import Role
+from tests.support.embeddedbus import open_embedded_site
 
 DEADLINE_S = 10  # generous: loopback TCP on a busy machine
 
@@ -69,10 +68,8 @@ class Recorder:
 
 @contextlib.asynccontextmanager
 async def open_site(group: str = "site") -> AsyncIterator[tuple[trio.Nursery, BusConfig]]:
-    async with trio.open_nursery() as nursery:
-        host, port = await nursery.start(serve_sequencer, "127.0.0.1", 0, group)
-        yield nursery, BusConfig("embedded", group, 1, Address(host, port))
-        nursery.cancel_scope.cancel()
+    async with open_embedded_site(group) as site:
+        yield site.nursery, site.bus
 
 
 async def start(nursery: trio.Nursery, bus: BusConfig, observer: MemberObserver) -> SiteMember:

@@ -11,6 +11,7 @@ import pytest
 
 from cluster.addresses import Address
 from cluster.bus import BusConfig
+from cluster.bus.auth import write_key_file
 from cluster.node import BrokerConfig
 from cluster.tls import TlsFiles
 from gateway.cli import main
@@ -26,6 +27,7 @@ bus:
   backend: embedded
   group: site-p
   address: 127.0.0.1:7400
+  key_file: bus.key
 amqp:
   listen: 127.0.0.1:5673
 """
@@ -47,6 +49,14 @@ spool:
 rules: {rules}
 metrics: 0.0.0.0:9464
 """
+
+
+@pytest.fixture(autouse=True)
+def bus_key(tmp_path: Path) -> Path:
+    """The embedded bus's key file, beside the configs the tests write."""
+    path = tmp_path / "bus.key"
+    write_key_file(str(path))
+    return path
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -78,14 +88,14 @@ BROKER_MISTAKES = [
     (
         "unknown key with nearest-key hint",
         BROKER.replace("  listen:", "  lisen:"),
-        8,
+        9,
         3,
         ["unknown key 'lisen' in 'amqp'", "did you mean 'listen'?"],
     ),
     (
         "unknown top-level key",
         BROKER + "clustr: x\n",
-        9,
+        10,
         1,
         ["unknown key 'clustr' in the broker config", "did you mean 'cluster'?"],
     ),
@@ -113,7 +123,7 @@ BROKER_MISTAKES = [
     (
         "bad HOST:PORT",
         BROKER.replace("127.0.0.1:5673", "localhost"),
-        8,
+        9,
         11,
         ["'amqp.listen' must be HOST:PORT, got 'localhost'", "for example 127.0.0.1:5672"],
     ),
@@ -143,21 +153,21 @@ BROKER_MISTAKES = [
         BROKER
         + "  tls:\n    cert: /nonexistent/broker.pem\n    key: /etc/hostname\n"
         + "    ca: /etc/hostname\n",
-        10,
+        11,
         11,
         ["'amqp.tls.cert' names '/nonexistent/broker.pem', which is not a file"],
     ),
     (
         "tls key missing from the mapping",
         BROKER + "  tls:\n    cert: /etc/hostname\n    ca: /etc/hostname\n",
-        10,
+        11,
         5,
         ["missing key 'key' in 'amqp.tls'"],
     ),
     (
         "YAML syntax error",
         BROKER + "amqp: [\n",
-        10,
+        11,
         1,
         ["YAML syntax error"],
     ),
@@ -175,13 +185,65 @@ def test_broker_config_mistakes_name_file_line_column(
     assert_one_problem(load_broker_config, path, line, column, words)
 
 
+def test_the_embedded_bus_needs_a_key_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "broker.yaml", BROKER.replace("  key_file: bus.key\n", ""))
+    assert_one_problem(
+        load_broker_config,
+        path,
+        4,
+        3,
+        ["the embedded bus needs 'key_file'", "drgate keygen --bus", "--key-file"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("prepare", "words"),
+    [
+        pytest.param(
+            lambda key: key.chmod(0o640),
+            ["has mode 0640: group or others may read or change", "chmod 0400"],
+            id="group-readable",
+        ),
+        pytest.param(
+            lambda key: key.chmod(0o604), ["has mode 0604", "chmod 0400"], id="world-readable"
+        ),
+        pytest.param(
+            lambda key: key.unlink(),
+            ["cannot read the bus key file", "No such file", "drgate keygen --bus"],
+            id="absent",
+        ),
+        pytest.param(
+            lambda key: (key.chmod(0o600), key.write_bytes(b"short")),
+            ["holds 5 bytes, not 32 to 4096"],
+            id="too-short",
+        ),
+    ],
+)
+def test_a_bus_key_file_that_cannot_be_used_is_reported_at_key_file(
+    tmp_path: Path, bus_key: Path, prepare: Callable[[Path], object], words: list[str]
+) -> None:
+    prepare(bus_key)
+    path = write(tmp_path, "broker.yaml", BROKER)
+    assert_one_problem(load_broker_config, path, 7, 13, [str(bus_key), *words])
+
+
+def test_a_corosync_bus_takes_no_key_file(tmp_path: Path) -> None:
+    text = BROKER.replace("backend: embedded", "backend: corosync").replace(
+        "  address: 127.0.0.1:7400\n", ""
+    )
+    path = write(tmp_path, "broker.yaml", text)
+    assert_one_problem(
+        load_broker_config, path, 6, 13, ["'bus.key_file' is for the embedded bus", "authkey"]
+    )
+
+
 def test_broker_config_reports_every_mistake_at_once_in_file_order(tmp_path: Path) -> None:
     text = BROKER.replace("node: 2", "node: two").replace("127.0.0.1:5673", "nowhere")
     path = write(tmp_path, "broker.yaml", text + "extra: 1\n")
     with pytest.raises(ConfigError) as caught:
         load_broker_config(str(path))
     places = [(p.location.line, p.location.column) for p in caught.value.problems]
-    assert places == [(2, 7), (8, 11), (9, 1)]
+    assert places == [(2, 7), (9, 11), (10, 1)]
 
 
 def test_an_unreadable_config_file_is_a_config_error(tmp_path: Path) -> None:
@@ -200,7 +262,11 @@ def test_valid_broker_config_builds_the_frozen_object(tmp_path: Path) -> None:
         cluster="site-p",
         node=2,
         bus=BusConfig(
-            backend="embedded", group="site-p", node=2, address=Address("127.0.0.1", 7400)
+            backend="embedded",
+            group="site-p",
+            node=2,
+            address=Address("127.0.0.1", 7400),
+            key_file=str(tmp_path / "bus.key"),
         ),
         amqp=Address("127.0.0.1", 5673),
     )
@@ -274,7 +340,7 @@ SIDECAR_MISTAKES = [
     ),
     (
         "embedded bus without address",
-        lambda t: t.replace("backend: corosync", "backend: embedded"),
+        lambda t: t.replace("backend: corosync", "backend: embedded\n  key_file: bus.key"),
         7,
         3,
         ["the embedded bus needs 'address'"],
@@ -395,9 +461,10 @@ def test_relative_paths_are_relative_to_the_config_file(
     write(folder, "rules.yaml", LAB_RULES.read_text())
     for name in ("node.pem", "node.key", "ca.pem"):
         write(folder, name, "PEM")
+    write_key_file(str(folder / "bus.key"))
     text = (
         "site: site-p\nrole: primary\nnode: 1\npeer_cluster: site-d\npeers: [127.0.0.1:7500]\n"
-        "bus: {backend: embedded, address: 127.0.0.1:7401}\n"
+        "bus: {backend: embedded, address: 127.0.0.1:7401, key_file: bus.key}\n"
         "spool: {directory: spool}\nrules: rules.yaml\n"
         "tls: {cert: node.pem, key: node.key, ca: /etc/ssl/absolute-ca.pem}\n"
         "capture: {directory: capture}\n"
@@ -414,6 +481,7 @@ def test_relative_paths_are_relative_to_the_config_file(
     path.write_text(text.replace("/etc/ssl/absolute-ca.pem", "ca.pem"))
     config = load_sidecar_config(str(path))
     assert config.spool_dir == str(folder / "spool")
+    assert config.bus.key_file == str(folder / "bus.key")
     assert config.rules.path == str(folder / "rules.yaml")
     assert config.tls == TlsFiles(
         cert=str(folder / "node.pem"), key=str(folder / "node.key"), ca=str(folder / "ca.pem")
@@ -421,10 +489,10 @@ def test_relative_paths_are_relative_to_the_config_file(
     assert config.capture is not None and config.capture.directory == str(folder / "capture")
 
 
-def test_dr_sidecar_config_defaults(tmp_path: Path) -> None:
+def test_dr_sidecar_config_defaults(bus_key: Path) -> None:
     text = (
         f"site: site-d\nrole: dr\nnode: 2\npeer_cluster: site-p\nlisten: 0.0.0.0:7500\n"
-        f"bus: {{backend: embedded, address: 127.0.0.1:7401}}\n"
+        f"bus: {{backend: embedded, address: 127.0.0.1:7401, key_file: {bus_key}}}\n"
         f"spool: {{directory: /tmp/spool}}\nrules: {LAB_RULES}\n"
     )
     config = load_sidecar_config("d.yaml", text)
@@ -455,11 +523,11 @@ def test_commands_exit_1_with_the_messages_and_no_traceback(
     assert len(lines) == 2
 
 
-def test_ipv6_addresses_in_brackets_are_typed_once(tmp_path: Path) -> None:
+def test_ipv6_addresses_in_brackets_are_typed_once(bus_key: Path) -> None:
     text = (
         "site: site-p\nrole: primary\nnode: 1\npeer_cluster: site-d\n"
         "peers: ['[::1]:7500', '[fd00::2]:7500']\nmetrics: '[::]:9464'\n"
-        "bus: {backend: embedded, address: '[::1]:7401'}\n"
+        f"bus: {{backend: embedded, address: '[::1]:7401', key_file: {bus_key}}}\n"
         f"spool: {{directory: /tmp/spool}}\nrules: {LAB_RULES}\n"
     )
     config = load_sidecar_config("p.yaml", text)

@@ -9,6 +9,7 @@ import pytest
 import trustme
 
 from cluster.addresses import Address
+from cluster.bus.auth import write_key_file
 from cluster.tls import WebTls
 from gateway.config import load_broker_config, load_sidecar_config
 from protocol.errors import ConfigError
@@ -36,6 +37,7 @@ def test_metrics_listen_defaults_to_loopback(tmp_path: Path) -> None:
     config = load_sidecar_config(str(write(tmp_path, "s.yaml", with_metrics("metrics: {}\n"))))
     assert config.metrics == Address("127.0.0.1", 9464)
     assert config.metrics_web is None
+    write_key_file(str(tmp_path / "bus.key"))  # the key BROKER's bus names
     broker = load_broker_config(str(write(tmp_path, "b.yaml", BROKER + "metrics: {}\n")))
     assert broker.metrics == Address("127.0.0.1", 9465)
     short = load_sidecar_config("s.yaml", with_metrics("metrics: 10.0.0.1:9000\n"))

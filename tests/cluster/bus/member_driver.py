@@ -140,9 +140,10 @@ async def main() -> int:
     parser.add_argument("--group", required=True)
     parser.add_argument("--node", type=int, required=True)
     parser.add_argument("--address")
+    parser.add_argument("--key-file")
     args = parser.parse_args()
     address = None if args.address is None else parse_address(args.address, key="--address")
-    config = BusConfig(args.backend, args.group, args.node, address)
+    config = BusConfig(args.backend, args.group, args.node, address, args.key_file)
     return await drive_member(lambda: open_bus(config, role=Role.ADMIN), stdin_lines(), emit)
 
 

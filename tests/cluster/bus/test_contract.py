@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import trio
 
+from cluster.bus.auth import write_key_file
 from lab.netns import CorosyncSite
 from tests.cluster.bus.member_driver import drive_member
 from tests.lab import corosync_lab
@@ -56,6 +57,7 @@ class Bus:
     group: str
     argv_in_node: Callable[[int, list[str]], list[str]] = lambda _node, argv: argv
     address: str | None = None
+    key_file: str | None = None  # embedded: the site's bus key
     site: CorosyncSite | None = None
     hub: MemoryBus | None = None  # the memory backend: members are tasks
 
@@ -64,11 +66,13 @@ class Bus:
         argv += ["--group", self.group, "--node", str(node)]
         if self.address:
             argv += ["--address", self.address]
+        if self.key_file:
+            argv += ["--key-file", self.key_file]
         return self.argv_in_node(node, argv)
 
 
 @pytest.fixture(params=BACKENDS)
-def bus(request: pytest.FixtureRequest) -> Iterator[Bus]:
+def bus(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bus]:
     group = f"t{uuid.uuid4().hex[:12]}"
     if request.param == "corosync":
         site = request.getfixturevalue("corosync_site")
@@ -77,8 +81,13 @@ def bus(request: pytest.FixtureRequest) -> Iterator[Bus]:
     if request.param == "memory":
         yield Bus("memory", group, hub=MemoryBus())
         return
+    key_file = str(tmp_path / "bus.key")
+    write_key_file(key_file)
     sequencer = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "bus", "--listen", "127.0.0.1:0", "--group", group],
+        [
+            *[sys.executable, "-m", "gateway.cli", "bus", "--listen", "127.0.0.1:0"],
+            *["--group", group, "--key-file", key_file],
+        ],
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,
@@ -88,7 +97,7 @@ def bus(request: pytest.FixtureRequest) -> Iterator[Bus]:
         line = sequencer.stdout.readline()
         assert line.startswith("listening on "), line
         address = line.split()[2]
-        yield Bus("embedded", group, address=address)
+        yield Bus("embedded", group, address=address, key_file=key_file)
     finally:
         sequencer.send_signal(signal.SIGTERM)
         try:

@@ -1,0 +1,71 @@
+"""``drgate promote`` joins D's bus like every member: a tool that does not
+hold the site's bus key is refused at the bus, and the site stays
+unpromoted (docs/architecture.md section 12, "Membership of a site's bus is
+the authentication").
+
+The sequencer and a broker-role member of site D run in this process
+(tests/support/embeddedbus.py); the command runs as an operator runs it,
+``drgate promote --config FILE``, in a worker thread.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from cluster.bus import BusConfig
+from cluster.member import NullObserver, SiteMember
+from gateway.cli import main
+from lab.site import LAB_RULES
+from protocol.modes import Role
+from tests.support.embeddedbus import open_embedded_site
+
+DEADLINE_S = 30
+
+
+def dr_sidecar_config(folder: Path, bus: BusConfig, key_file: str) -> Path:
+    assert bus.address is not None
+    path = folder / "sidecar-d.yaml"
+    path.write_text(
+        "site: site-d\nrole: dr\nnode: 5\npeer_cluster: site-p\nlisten: 127.0.0.1:0\n"
+        f"bus: {{backend: embedded, group: {bus.group}, address: '{bus.address}', "
+        f"key_file: {key_file}}}\n"
+        f"spool: {{directory: {folder / 'spool'}}}\nrules: {LAB_RULES}\n"
+    )
+    return path
+
+
+async def test_a_promote_from_a_tool_without_the_site_key_is_refused_at_the_bus(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async with open_embedded_site("site-d") as site:
+        broker = SiteMember("site-d", site.bus, role=Role.BROKER, observer=NullObserver())
+        with trio.fail_after(DEADLINE_S):
+            await site.nursery.start(broker.serve)
+        views = site.server.statistics().view_id
+
+        stranger = dr_sidecar_config(site.folder, site.bus, site.other_key())
+        with trio.fail_after(DEADLINE_S):
+            code = await trio.to_thread.run_sync(main, ["promote", "--config", str(stranger)])
+        assert code == 1
+        err = capsys.readouterr().err
+        assert err.startswith("drgate promote: the sequencer at ")
+        assert "refused this member: it does not hold the site's bus key" in err
+        assert "Traceback" not in err
+        origin = broker.state.origins.get("site-p")
+        assert origin is None or not origin.promoted
+        stats = site.server.statistics()
+        assert (stats.refused, stats.view_id) == (1, views)  # it never joined
+
+        # The same command with the site's key promotes: the refusal above
+        # was the key's doing, nothing else's.
+        assert site.bus.key_file is not None
+        member = dr_sidecar_config(site.folder, site.bus, site.bus.key_file)
+        with trio.fail_after(DEADLINE_S):
+            code = await trio.to_thread.run_sync(main, ["promote", "--config", str(member)])
+        assert code == 0, capsys.readouterr().err
+        assert "promoted: epoch 1" in capsys.readouterr().out
+        origin = broker.state.origins.get("site-p")
+        assert origin is not None and origin.promoted
