@@ -86,6 +86,8 @@ def resync_commit(state: SiteState, cmd: ResyncCommit, sender: Sender | None, ef
     if refusal is not None:
         eff.append(ReplicatedOutcome(origin, cmd.incarnation, cmd.cut, cmd.epoch, refusal))
         return
+    if staged is None and cmd.pieces == 0:
+        staged = StagedResync(cmd.incarnation, cmd.cut, cmd.epoch)  # an empty snapshot
     if staged is None or staged.key != (cmd.incarnation, cmd.cut, cmd.epoch, cmd.pieces):
         state.count("resync_commits_refused")
         return

@@ -20,6 +20,7 @@ import pytest
 from lab.site import TwoSites, finish_client
 from protocol.capture import CaptureReader, Stream
 from protocol.modes import Mode
+from tests.lab import status
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -50,6 +51,14 @@ def converged(two: TwoSites) -> bool:
     )
 
 
+def _seeded(egress: dict[str, Any]) -> bool:
+    return bool(
+        egress["link_state"] == "up"
+        and egress["resync"]["total"]
+        and not egress["resync"]["active"]
+    )
+
+
 def read_segments(directory: Path) -> list[tuple[Path, CaptureReader, list[Any]]]:
     found = []
     for path in sorted(directory.rglob("*.cap")):
@@ -64,7 +73,10 @@ def read_segments(directory: Path) -> list[tuple[Path, CaptureReader, list[Any]]
 def captures(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("twosites")
     directory = work / "captures"
-    with TwoSites(workdir=work / "sites", capture_dir=directory) as two:
+    with TwoSites(workdir=work / "sites", capture_dir=directory, metrics=True) as two:
+        # D's seeding resync (of an empty P) is done: the declares below are
+        # forwarded events, not part of a snapshot.
+        wait_for("D is seeded", lambda: _seeded(status(two, "site-p", 1)))
         for queue, mode in MODES.items():
             done = two.p.admin(1, "add-queue", queue, "--replicate", mode)
             assert done.returncode == 0, done.stderr

@@ -132,3 +132,13 @@ def test_a_damaged_piece_drops_the_staging() -> None:
         st.apply(d, piece)
     st.apply(d, _commit(p, len(pieces)))
     assert not d.queues
+
+
+def test_an_empty_snapshot_commits_with_no_pieces() -> None:
+    # A primary with nothing replicated yet: the egress sends no chunk at all.
+    p = genesis_state("site-p", 7)
+    d = genesis_state("site-d", 9)
+    effects = st.apply(d, _commit(p, 0))
+    assert any(getattr(e, "outcome", None) == st.Outcome.APPLIED for e in effects)
+    assert d.origins["site-p"].applied[7] == p.cseq
+    assert d.counters["resync_commits_refused"] == 0
