@@ -304,8 +304,8 @@ async def serve_http(
         listeners = [trio.SSLListener(each, context, https_compatible=True) for each in listeners]
     if web is None and not _is_loopback(host):
         log.warning(
-            "metrics on %s:%d without metrics.web_config: anyone who reaches it reads "
-            "/metrics and /status (add a web config with TLS and basic_auth_users)",
+            "/metrics and /status served on %s:%d without metrics.web_config: anyone who "
+            "reaches it reads them (add a web config with TLS and basic_auth_users)",
             host,
             bound,
         )

@@ -502,7 +502,7 @@ class TwoSites(Started):
         config = self.sidecar_config(site, n)
         proc = site._spawn(f"sidecar-{n}", drgate_argv("run", "--config", str(config)), node=n)
         if self.metrics:
-            line = proc.wait_line("metrics on")
+            line = proc.wait_line("drgate run: metrics on")
             self.metrics_port[(site.cluster, n)] = int(line.rsplit(":", 1)[1])
         if site is self.d:
             line = proc.wait_line("link listening on port")
