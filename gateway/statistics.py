@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cluster.statistics import BusSection, NodeStatistics, StateTransferSection
 from gateway.resync import origin_summary
@@ -87,6 +87,13 @@ class LinkSection:
     # Discontinuities in the stream: refused by D's receiver (D), answered by
     # a resync (P).
     gaps_total: int | None = None
+    # "mutual-tls", or "insecure" when the config runs the link in plaintext.
+    security: str | None = None
+    # Connections refused for TLS reasons: the handshake failed (no or a
+    # foreign certificate, a plaintext peer), or a certificate name that is
+    # not pinned (refused by either side).
+    tls_handshake_failures_total: int | None = None
+    peer_name_refusals_total: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,12 +188,15 @@ def egress_link_section(
     sender: SenderStatistics | None,
     ended: Mapping[str, int],
     gaps_total: int = 0,
+    security: str | None = None,
+    tls_refused: Mapping[str, int] | None = None,
 ) -> LinkSection:
     """P's link: ``sender`` is the open connection's snapshot (``None`` when
     none is open), ``ended`` the summed counters of the connections that ended
     (keys ``bytes_sent_total``, ``bytes_sent_wire_total``, ``batches_sent_total``,
     ``events_sent_total``; a missing key is 0), so the totals never go back.
-    ``last_seq`` is the spool's (0 without one); ``lag`` is (events, seconds)."""
+    ``last_seq`` is the spool's (0 without one); ``lag`` is (events, seconds).
+    ``tls_refused`` counts TLS refusals by reason (``handshake``, ``peer_name``)."""
     last = spool.last_seq if spool is not None and spool.last_seq is not None else 0
     return LinkSection(
         state=state,
@@ -203,7 +213,18 @@ def egress_link_section(
         batches_sent_total=ended.get("batches_sent_total", 0) + (sender.batches if sender else 0),
         events_sent_total=ended.get("events_sent_total", 0) + (sender.events if sender else 0),
         gaps_total=gaps_total,
+        **_tls_fields(security, tls_refused),
     )
+
+
+def _tls_fields(security: str | None, refused: Mapping[str, int] | None) -> dict[str, Any]:
+    if refused is None:
+        return {"security": security}
+    return {
+        "security": security,
+        "tls_handshake_failures_total": refused.get("handshake", 0),
+        "peer_name_refusals_total": refused.get("peer_name", 0),
+    }
 
 
 def ingress_link_section(
@@ -215,6 +236,8 @@ def ingress_link_section(
     events_received_total: int,
     receivers: Collection[ReceiverStatistics],
     ended: Mapping[str, int],
+    security: str | None = None,
+    tls_refused: Mapping[str, int] | None = None,
 ) -> LinkSection:
     """D's link: ``receivers`` are the open connections' snapshots, ``ended``
     the summed counters of those that ended (keys ``bytes_received_wire_total``,
@@ -232,6 +255,7 @@ def ingress_link_section(
         batches_received_total=ended.get("batches_received_total", 0)
         + sum(r.batches for r in receivers),
         gaps_total=ended.get("gaps_total", 0) + sum(r.gaps for r in receivers),
+        **_tls_fields(security, tls_refused),
     )
 
 

@@ -46,6 +46,7 @@ spool:
   fsync: always
 rules: {rules}
 metrics: 0.0.0.0:9464
+insecure: true
 """
 
 
@@ -231,9 +232,33 @@ default: {mode: from-args, fallback: none}
 # (case id, edit of the sidecar text, line, column, words)
 SIDECAR_MISTAKES = [
     (
+        "neither tls nor insecure",
+        lambda t: t.replace("insecure: true\n", ""),
+        1,
+        1,
+        [
+            "the sidecar config has no 'tls': the link runs mutual TLS by default",
+            "give tls: {cert, key, ca}, or insecure: true to run the link in plaintext",
+        ],
+    ),
+    (
+        "insecure false without tls",
+        lambda t: t.replace("insecure: true", "insecure: false"),
+        14,
+        11,
+        ["'insecure: false' without 'tls'", "or insecure: true to run the link in plaintext"],
+    ),
+    (
+        "insecure not a bool",
+        lambda t: t.replace("insecure: true", "insecure: yes please"),
+        14,
+        11,
+        ["'insecure' must be true or false"],
+    ),
+    (
         "unknown key with nearest-key hint",
         lambda t: t + "metrcs: 1.2.3.4:5\n",
-        14,
+        15,
         1,
         ["unknown key 'metrcs' in the sidecar config", "did you mean 'metrics'?"],
     ),
@@ -295,7 +320,10 @@ SIDECAR_MISTAKES = [
     ),
     (
         "tls file missing",
-        lambda t: t + "tls: {cert: /nonexistent.pem, key: /etc/hostname, ca: /etc/hostname}\n",
+        lambda t: t.replace(
+            "insecure: true\n",
+            "tls: {cert: /nonexistent.pem, key: /etc/hostname, ca: /etc/hostname}\n",
+        ),
         14,
         13,
         ["'tls.cert' names '/nonexistent.pem', which is not a file"],
@@ -375,6 +403,7 @@ def test_valid_sidecar_config_builds_the_frozen_object(tmp_path: Path) -> None:
         "spool_max_bytes": 1048576,
         "fsync": "always",
         "tls": None,
+        "peer_names": ("site-d",),
         "metrics": Address("0.0.0.0", 9464),
         "metrics_web": None,
         "capture": None,
@@ -424,7 +453,7 @@ def test_dr_sidecar_config_defaults(tmp_path: Path) -> None:
     text = (
         f"site: site-d\nrole: dr\nnode: 2\npeer_cluster: site-p\nlisten: 0.0.0.0:7500\n"
         f"bus: {{backend: embedded, address: 127.0.0.1:7401}}\n"
-        f"spool: {{directory: /tmp/spool}}\nrules: {LAB_RULES}\n"
+        f"spool: {{directory: /tmp/spool}}\nrules: {LAB_RULES}\ninsecure: true\n"
     )
     config = load_sidecar_config("d.yaml", text)
     assert not config.primary
@@ -459,7 +488,7 @@ def test_ipv6_addresses_in_brackets_are_typed_once(tmp_path: Path) -> None:
         "site: site-p\nrole: primary\nnode: 1\npeer_cluster: site-d\n"
         "peers: ['[::1]:7500', '[fd00::2]:7500']\nmetrics: '[::]:9464'\n"
         "bus: {backend: embedded, address: '[::1]:7401'}\n"
-        f"spool: {{directory: /tmp/spool}}\nrules: {LAB_RULES}\n"
+        f"spool: {{directory: /tmp/spool}}\nrules: {LAB_RULES}\ninsecure: true\n"
     )
     config = load_sidecar_config("p.yaml", text)
     assert config.peers == (Address("::1", 7500), Address("fd00::2", 7500))

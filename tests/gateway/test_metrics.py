@@ -265,6 +265,7 @@ def test_status_document_of_a_broker_field_for_field() -> None:
         "process": "broker",
         "role": None,
         **nothing,
+        "link_security": None,
         "last_seq": None,
         "link_gaps_total": None,
         "rates": dict.fromkeys(doc["rates"]),
