@@ -99,7 +99,11 @@ _TLS_REASONS = {
     "HTTP_REQUEST": _NOT_TLS,
     "RECORD_LAYER_FAILURE": _NOT_TLS,
     "PACKET_LENGTH_TOO_LONG": _NOT_TLS,
-    "UNEXPECTED_EOF_WHILE_READING": "the peer closed the connection during the TLS handshake",
+    # A refusing trio peer closes without sending its alert.
+    "UNEXPECTED_EOF_WHILE_READING": (
+        "the peer closed the connection during the TLS handshake: it refused our certificate "
+        "(not signed by its tls.ca?) or does not speak TLS; its /status last_error says which"
+    ),
 }
 
 

@@ -81,10 +81,10 @@ def describe_error(exc: BaseException) -> str:
     what a TLS failure means."""
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(describe_error(e) for e in exc.exceptions)
+    if isinstance(exc, DrgateError):
+        return str(exc)
     tls = tls_failure_text(exc)
-    if tls is not None:
-        return tls
-    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, DrgateError) else str(exc)
+    return tls if tls is not None else f"{type(exc).__name__}: {exc}"
 
 
 def link_error_in(exc: BaseException) -> LinkError | None:

@@ -449,6 +449,27 @@ def test_relative_paths_are_relative_to_the_config_file(
     assert config.capture is not None and config.capture.directory == str(folder / "capture")
 
 
+def test_the_link_tls_pins_peer_names_defaulting_to_the_peer_cluster(tmp_path: Path) -> None:
+    for name in ("node.pem", "node.key", "ca.pem"):
+        write(tmp_path, name, "PEM")
+    tls = "tls: {cert: node.pem, key: node.key, ca: ca.pem}\n"
+    base = sidecar().replace("insecure: true\n", "")
+    config = load_sidecar_config(str(write(tmp_path, "a.yaml", base + tls)))
+    assert config.tls is not None
+    assert config.peer_names == config.pinned_names == ("site-d",)
+    pinned = tls.replace("}", ", peer_names: [d1.example, D2.example]}")
+    config = load_sidecar_config(str(write(tmp_path, "b.yaml", base + pinned)))
+    assert config.pinned_names == ("d1.example", "D2.example")
+    for bad, words in (
+        (tls.replace("}", ", peer_names: []}"), "'tls.peer_names' must be a non-empty list"),
+        (tls + "insecure: true\n", "'insecure: true' and 'tls' both given"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            load_sidecar_config(str(write(tmp_path, "c.yaml", base + bad)))
+        assert len(caught.value.problems) == 1, problems_of(caught.value)
+        assert words in problems_of(caught.value)[0]
+
+
 def test_dr_sidecar_config_defaults(tmp_path: Path) -> None:
     text = (
         f"site: site-d\nrole: dr\nnode: 2\npeer_cluster: site-p\nlisten: 0.0.0.0:7500\n"
