@@ -141,9 +141,11 @@ async def open_link(
         text = f"{site} refuses the link to {address}: {refusal}"
         code = link.LinkErrorCode.PEER_NOT_PINNED
         sender = link.LinkSender(link.SenderConfig(site, "", incarnation=0, epoch=0))
-        with trio.move_on_after(CONNECT_TIMEOUT_S):
-            await ssl_stream.send_all(sender.send_error(int(code), text, retriable=False))
-        await trio.aclose_forcefully(ssl_stream)
+        try:
+            with trio.move_on_after(CONNECT_TIMEOUT_S):
+                await ssl_stream.send_all(sender.send_error(int(code), text, retriable=False))
+        finally:  # also when cancelled meanwhile
+            await trio.aclose_forcefully(ssl_stream)
         raise LinkError(text, code=int(code), retriable=False)
     raise OSError(f"connect to {address} timed out")
 
