@@ -150,13 +150,19 @@ def load_address(node: Node, problems: Problems, *, what: str) -> Address | None
         return None
 
 
-def load_tls(node: Node, problems: Problems, *, path: str, key: str) -> TlsFiles | None:
+def load_tls(
+    node: Node, problems: Problems, *, path: str, key: str, optional: tuple[str, ...] = ()
+) -> TlsFiles | None:
     """The ``{cert, key, ca}`` mapping at config key ``key``: each a PEM file,
     relative to the config file ``path``; None with the mistakes added to
-    ``problems``."""
-    fields = check_keys(node, problems, what=f"'{key}'", required=("cert", "key", "ca"))
+    ``problems``.  Keys in ``optional`` are allowed and left to the caller."""
+    fields = check_keys(
+        node, problems, what=f"'{key}'", required=("cert", "key", "ca"), optional=optional
+    )
     files: dict[str, str] = {}
     for name, value in (fields or {}).items():
+        if name in optional:
+            continue
         text = expect_str(value, problems, what=f"'{key}.{name}'")
         if text is None:
             continue
@@ -350,7 +356,15 @@ def load_security(amqp: dict[str, Node], problems: Problems, *, path: str) -> Am
 # ---------------------------------------------------------------------------
 
 SIDECAR_KEYS_REQUIRED = ("site", "role", "node", "bus", "peer_cluster", "spool", "rules")
-SIDECAR_KEYS_OPTIONAL = ("peers", "listen", "tls", "metrics", "capture", "zombie_guard")
+SIDECAR_KEYS_OPTIONAL = (
+    "peers",
+    "listen",
+    "tls",
+    "insecure",
+    "metrics",
+    "capture",
+    "zombie_guard",
+)
 # Which queues a primary refuses publishes to once D was promoted over it.
 ZOMBIE_GUARDS = ("full", "replicated", "off")
 SITE_ROLES = ("primary", "dr")
@@ -374,10 +388,13 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         spool: {directory: /var/lib/drgate/spool, max_bytes: 1073741824, fsync: batch}
         rules: /etc/drgate/rules.yaml
         metrics: 127.0.0.1:9464  # or {listen: ..., web_config: ...}
-        tls: {cert: ..., key: ..., ca: ...}
+        tls: {cert: ..., key: ..., ca: ..., peer_names: [site-d]}
         zombie_guard: full       # full (default) | replicated | off
 
-    At D, ``listen: 0.0.0.0:7500`` instead of ``peers``.
+    At D, ``listen: 0.0.0.0:7500`` instead of ``peers``.  The link runs
+    mutual TLS: ``tls`` is required unless ``insecure: true`` (plaintext,
+    warned about at start); ``tls.peer_names`` pins the names the peer's
+    certificate may carry (default: ``peer_cluster``).
     """
     problems, root, fields = read_top_level(
         path,
@@ -419,7 +436,7 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         metrics, metrics_web = load_metrics(
             fields["metrics"], problems, path=path, default=DEFAULT_SIDECAR_METRICS
         )
-    tls = load_tls(fields["tls"], problems, path=path, key="tls") if "tls" in fields else None
+    tls, peer_names = _load_link_security(root, fields, problems, path=path)
     capture = load_capture(fields["capture"], problems) if "capture" in fields else None
     zombie_guard = text_of("zombie_guard") or "full"
     if zombie_guard not in ZOMBIE_GUARDS:
@@ -447,11 +464,60 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         fsync=fsync,
         rules=rules,
         tls=tls,
+        peer_names=peer_names or (peer_cluster or "",),
         metrics=metrics,
         metrics_web=metrics_web,
         capture=capture,
         zombie_guard=zombie_guard,
     )
+
+
+def _load_link_security(
+    root: Node, fields: dict[str, Node], problems: Problems, *, path: str
+) -> tuple[TlsFiles | None, tuple[str, ...]]:
+    """``tls`` (with ``peer_names``) or ``insecure: true``: exactly one of them."""
+    insecure: bool | None = False
+    if "insecure" in fields:
+        insecure = expect_bool(fields["insecure"], problems, what="'insecure'")
+    if "tls" not in fields:
+        if insecure is None:  # not a bool: reported
+            pass
+        elif not insecure and "insecure" not in fields:
+            problems.error(
+                root.location,
+                "the sidecar config has no 'tls': the link runs mutual TLS by default",
+                "give tls: {cert, key, ca}, or insecure: true to run the link in plaintext",
+            )
+        elif not insecure:
+            problems.error(
+                fields["insecure"].location,
+                "'insecure: false' without 'tls': the link has no certificates",
+                "give tls: {cert, key, ca}, or insecure: true to run the link in plaintext",
+            )
+        return None, ()
+    if insecure:
+        problems.error(
+            fields["insecure"].location,
+            "'insecure: true' and 'tls' both given: the link cannot be plaintext and TLS",
+            "remove 'insecure' to run the link with mutual TLS",
+        )
+    node = fields["tls"]
+    tls = load_tls(node, problems, path=path, key="tls", optional=("peer_names",))
+    names: list[str] = []
+    if node.kind == "mapping" and "peer_names" in node.value:
+        listed = node.value["peer_names"]
+        if listed.kind != "sequence" or not listed.value:
+            problems.error(
+                listed.location,
+                "'tls.peer_names' must be a non-empty list of certificate names",
+                "e.g. peer_names: [site-d] (default: the peer_cluster)",
+            )
+        else:
+            for item in listed.value:
+                name = expect_str(item, problems, what="each item of 'tls.peer_names'")
+                if name is not None:
+                    names.append(name)
+    return tls, tuple(names)
 
 
 def _load_peers(node: Node, problems: Problems) -> list[Address]:

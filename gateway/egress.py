@@ -19,6 +19,11 @@ next deadline.  Anything that may give it work — bytes from D, events
 appended to the spool, a role change — calls :meth:`Egress.wake`, which
 cancels that wait (or, if the loop is busy, makes it skip the next one).
 
+The connection is mutual TLS unless the config says ``insecure: true``
+(:func:`open_link`): after the handshake the egress checks that D's
+certificate carries one of the pinned names (``tls.peer_names``) and, when
+it does not, tells D so in an ERROR frame and refuses the link for good.
+
 A failed connection is logged, kept in ``last_error`` and retried with
 jittered exponential backoff; a refusal only an operator can fix (D was
 promoted, a new incarnation) is kept while standbys answer "not active",
@@ -30,7 +35,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,6 +43,7 @@ import trio
 
 from cluster.addresses import Address
 from cluster.member import SiteMember
+from cluster.tls import TlsFiles, client_context, peer_name_refusal, tls_failure_text
 from gateway import resync as rs
 from gateway.capture import CaptureSink
 from gateway.content import MESSAGE_MODES
@@ -73,10 +79,14 @@ Connector = Callable[[Address], Awaitable[trio.abc.Stream]]
 
 
 def describe_error(exc: BaseException) -> str:
-    """One line for a person: the messages of an exception (group)."""
+    """One line for a person: the messages of an exception (group), with
+    what a TLS failure means."""
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(describe_error(e) for e in exc.exceptions)
-    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, DrgateError) else str(exc)
+    if isinstance(exc, DrgateError):
+        return str(exc)
+    tls = tls_failure_text(exc)
+    return tls if tls is not None else f"{type(exc).__name__}: {exc}"
 
 
 def link_error_in(exc: BaseException) -> LinkError | None:
@@ -90,6 +100,56 @@ def link_error_in(exc: BaseException) -> LinkError | None:
             if found is not None:
                 return found
     return None
+
+
+def tls_refusal_reason(exc: BaseException) -> str | None:
+    """``"peer_name"`` when a link failed on a pinned certificate name (either
+    side's), ``"handshake"`` when its TLS handshake failed, else ``None``."""
+    found = link_error_in(exc)
+    if found is not None and found.code == link.LinkErrorCode.PEER_NOT_PINNED:
+        return "peer_name"
+    if isinstance(exc, BaseExceptionGroup):
+        reasons = [tls_refusal_reason(inner) for inner in exc.exceptions]
+        return next((r for r in reasons if r is not None), None)
+    return "handshake" if tls_failure_text(exc) is not None else None
+
+
+async def open_link(
+    address: Address, *, tls: TlsFiles | None, pinned: Sequence[str], site: str
+) -> trio.abc.Stream:
+    """A connection to one of D's sidecars: TCP, then, with ``tls``, the TLS
+    handshake and the check that D's certificate carries one of ``pinned``.
+
+    The certificate files are read at each connection, so renewed ones are
+    used without a restart.  Raises ``OSError`` when D cannot be reached in
+    :data:`CONNECT_TIMEOUT_S`, ``trio.BrokenResourceError`` (from
+    ``ssl.SSLError``) when the handshake fails, and a non-retriable
+    :class:`LinkError` (``PEER_NOT_PINNED``) when D's certificate names
+    none of ``pinned``, after telling D so in an ERROR frame.
+    """
+    with trio.move_on_after(CONNECT_TIMEOUT_S):
+        stream: trio.abc.Stream = await trio.open_tcp_stream(address.host, address.port)
+        if tls is None:
+            return stream
+        ssl_stream = trio.SSLStream(stream, client_context(tls), server_hostname=address.host)
+        try:
+            await ssl_stream.do_handshake()
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        refusal = peer_name_refusal(ssl_stream.getpeercert(), pinned)
+        if refusal is None:
+            return ssl_stream
+        text = f"{site} refuses the link to {address}: {refusal}"
+        code = link.LinkErrorCode.PEER_NOT_PINNED
+        sender = link.LinkSender(link.SenderConfig(site, "", incarnation=0, epoch=0))
+        try:
+            with trio.move_on_after(CONNECT_TIMEOUT_S):
+                await ssl_stream.send_all(sender.send_error(int(code), text, retriable=False))
+        finally:  # also when cancelled meanwhile
+            await trio.aclose_forcefully(ssl_stream)
+        raise LinkError(text, code=int(code), retriable=False)
+    raise OSError(f"connect to {address} timed out")
 
 
 @dataclass(slots=True)
@@ -187,6 +247,9 @@ class Egress:
     def _failed(self, address: str, exc: Exception) -> bool:
         """Record a failed connection; True when D refused it for good."""
         error = f"link to {address}: {describe_error(exc)}"
+        reason = tls_refusal_reason(exc)
+        if reason is not None:
+            self.status.tls_refused[reason] += 1
         link_error = link_error_in(exc)
         refused = link_error is not None and not link_error.retriable
         if link_error is not None and link_error.code == link.LinkErrorCode.STALE_EPOCH:
@@ -441,6 +504,8 @@ class Egress:
             ended=self.status.ended,
             gaps_total=self.gaps,
             superseded_by=self.member.state.superseded_by,
+            security="insecure" if self.config.tls is None else "mutual-tls",
+            tls_refused=self.status.tls_refused,
         )
 
 

@@ -9,6 +9,12 @@ with a retriable error naming the active ingress, and the egress moves on.
 A HELLO from a primary this site was promoted over (R7) or from an
 incarnation D has not accepted is refused for good.
 
+Unless the config says ``insecure: true``, a connection is mutual TLS: the
+handshake (bounded by :data:`HANDSHAKE_TIMEOUT_S`) checks the egress's
+certificate against the CA, then :meth:`Ingress.handle` checks that it
+carries one of the pinned names (``tls.peer_names``); if not, the egress
+gets an ERROR frame (``PEER_NOT_PINNED``) and the connection closes.
+
 Per connection, the reading loop feeds the sans-IO
 :class:`protocol.link.LinkReceiver` and hands decoded commands to an applier
 task through a bounded channel.  The applier multicasts them into D's bus
@@ -22,6 +28,7 @@ the ack goes out at once.  A resync's chunks go through D's bus as
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
 import time
@@ -34,6 +41,7 @@ from cluster.bus import MemberId
 from cluster.member import SiteMember
 from cluster.state import fenced
 from cluster.state.views import applied
+from cluster.tls import peer_name_refusal, tls_failure_text
 from gateway import resync as rs
 from gateway.admission import admit_event
 from gateway.egress import READ_BYTES, describe_error
@@ -59,6 +67,9 @@ APPLY_QUEUE = 8
 REFUSAL_GRACE_S = 5.0
 # How long the loop waits for bytes when the link machine has no deadline.
 IDLE_WAIT_S = 1.0
+# A TLS handshake that takes longer is abandoned: a peer that connects and
+# says nothing does not hold a connection.
+HANDSHAKE_TIMEOUT_S = 10.0
 
 # (the last seq it holds, or a resync piece's index; its commands)
 _Work = tuple[int, list[pc.Command]]
@@ -78,12 +89,16 @@ class Ingress:
         role: Callable[[], SidecarRole],
         active: Callable[[], MemberId | None],
         ssl_context: ssl.SSLContext | None = None,
+        pinned: tuple[str, ...] = (),
     ) -> None:
+        """With ``ssl_context`` every connection is TLS, and the egress's
+        certificate must carry one of the ``pinned`` names."""
         self.config = config
         self.member = member
         self._role = role
         self._active = active
         self._ssl_context = ssl_context
+        self._pinned = pinned
         self.status = LinkStatus()
         self.ingested = 0  # replicated commands applied through this ingress
         self.refused_events = 0  # events a link peer sent that D does not admit
@@ -106,8 +121,7 @@ class Ingress:
         """Serve one connection; its failure is logged, the listener carries on."""
         try:
             if self._ssl_context is not None:
-                stream = trio.SSLStream(stream, self._ssl_context, server_side=True)
-                await stream.do_handshake()
+                stream = await self._secure(stream, self._ssl_context)
             await _Connection(self, peer_address(stream)).run(stream)
         except Exception as exc:  # one connection failed; the listener carries on
             self.status.last_error = f"ingress: {describe_error(exc)}"
@@ -117,6 +131,41 @@ class Ingress:
                 self.status.state = "down"  # the last accepted connection ended
             self.status.resync.active = False  # unapplied chunks go with the connection
             await trio.aclose_forcefully(stream)
+
+    async def _secure(
+        self, stream: trio.abc.Stream, context: ssl.SSLContext
+    ) -> trio.SSLStream[trio.abc.Stream]:
+        """The TLS handshake and the pinned-name check.  Raises
+        :class:`DrgateError` (handshake failed) or :class:`LinkError`
+        (``PEER_NOT_PINNED``, after telling the egress so), counted."""
+        peer = _peer_address(stream)
+        ssl_stream = trio.SSLStream(stream, context, server_side=True)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                await ssl_stream.do_handshake()
+        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+            self.status.tls_refused["handshake"] += 1
+            why = tls_failure_text(exc) or f"no handshake within {HANDSHAKE_TIMEOUT_S:.0f} s"
+            raise DrgateError(f"TLS handshake with {peer} failed: {why}") from exc
+        refusal = peer_name_refusal(ssl_stream.getpeercert(), self._pinned)
+        if refusal is None:
+            return ssl_stream
+        self.status.tls_refused["peer_name"] += 1
+        text = f"{self.config.site} refuses the link from {peer}: {refusal}"
+        code = int(link.LinkErrorCode.PEER_NOT_PINNED)
+        receiver = link.LinkReceiver(
+            link.ReceiverConfig(cluster_id=self.config.site), now=trio.current_time()
+        )
+        with (
+            trio.move_on_after(REFUSAL_GRACE_S),
+            contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+        ):
+            await ssl_stream.send_all(receiver.send_error(code, text, retriable=False))
+            # Until the egress closes: closing with its HELLO unread would
+            # reset the connection, and the reset could overtake the ERROR.
+            while await ssl_stream.receive_some(READ_BYTES):
+                pass
+        raise LinkError(text, code=code, retriable=False)
 
     # ------------------------------------------------------------------
     # Admission
@@ -229,6 +278,8 @@ class Ingress:
             receivers=list(self._receivers.values()),
             ended=self.status.ended,
             refused_total=self.refused_events,
+            security="insecure" if self._ssl_context is None else "mutual-tls",
+            tls_refused=self.status.tls_refused,
         )
 
 
@@ -451,6 +502,16 @@ class _Connection:
             commands.extend(more)
             last_seq = seq
         return [(last_seq, commands)]
+
+
+def _peer_address(stream: trio.abc.Stream) -> str:
+    """HOST:PORT of the connection's other end, for messages."""
+    sock = getattr(stream, "socket", None)
+    try:
+        host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError):
+        return "the egress"
+    return f"{host}:{port}"
 
 
 def _first_time_us(records: bytes) -> int:

@@ -50,4 +50,7 @@ class LinkStatus:
     reconnects: int = 0
     rtt: float | None = None
     ended: Counter[str] = field(default_factory=Counter)  # counters of ended connections
+    # Connections refused for TLS reasons, by reason: "handshake" (the TLS
+    # handshake failed) or "peer_name" (a certificate name not pinned).
+    tls_refused: Counter[str] = field(default_factory=Counter)
     resync: ResyncProgress = field(default_factory=ResyncProgress)

@@ -114,6 +114,10 @@ MERGE_METRICS: Mapping[str, tuple[str, str, Mapping[str, str]]] = {
 
 _BYTES_SENT = "Event bytes sent on the WAN link: raw (before compression) or wire"
 _BYTES_RECEIVED = "Event bytes received on the WAN link: raw (before compression) or wire"
+_TLS_REFUSED = (
+    "WAN link connections refused for TLS: the handshake failed, or a certificate name "
+    "not pinned (tls.peer_names)"
+)
 _LINK_ROWS: tuple[_Row[LinkSection], ...] = (
     _Row("counter", "drgate_link_bytes_sent_total", _BYTES_SENT,
          lambda s: s.bytes_sent_total, (("encoding", "raw"),)),
@@ -141,6 +145,13 @@ _LINK_ROWS: tuple[_Row[LinkSection], ...] = (
     _Row("counter", "drgate_link_refused_total",
          "Events a link peer sent that D does not admit (each closed its link)",
          lambda s: s.refused_total),
+    _Row("gauge", "drgate_link_insecure",
+         "1 when the WAN link runs in plaintext (insecure: true), 0 with mutual TLS",
+         lambda s: None if s.security is None else s.security == "insecure"),
+    _Row("counter", "drgate_link_tls_refused_total", _TLS_REFUSED,
+         lambda s: s.tls_handshake_failures_total, (("reason", "handshake"),)),
+    _Row("counter", "drgate_link_tls_refused_total", _TLS_REFUSED,
+         lambda s: s.peer_name_refusals_total, (("reason", "peer_name"),)),
     _Row("gauge", "drgate_link_rtt_seconds", "Last measured WAN round-trip time",
          lambda s: s.rtt_seconds),
     _Row("gauge", "drgate_lag_events", "Events sent or spooled and not yet acked by D",

@@ -33,11 +33,11 @@ from cluster.member import BusOpener, NullObserver, SiteMember
 from cluster.state.effects import Effect
 from cluster.state.model import SiteState
 from cluster.statistics import BusSection
-from cluster.tls import TlsFiles, client_context, server_context
+from cluster.tls import TlsFiles, server_context
 from cluster.webconfig import WebConfig
 from filters.matcher import RuleSet
 from gateway.capture import CaptureConfig, CaptureSink, capture_role
-from gateway.egress import CONNECT_TIMEOUT_S, Connector, Egress
+from gateway.egress import Connector, Egress, open_link
 from gateway.ingress import Ingress
 from gateway.roles import RoleSignal, SidecarRole, active_sidecar, role_of
 from gateway.ruleswatch import POLL_S as RULES_POLL_S
@@ -61,6 +61,11 @@ log = logging.getLogger("drgate.sidecar")
 # The largest event the tap hands to the spool: one event must fit in one
 # link BATCH frame, with room for the frame's and the batch's headers.
 MAX_EVENT_BYTES = link.DEFAULT_MAX_FRAME_BYTES - 4096
+INSECURE_WARNING = (
+    "the WAN link runs in plaintext (insecure: true in the sidecar config): replicated "
+    "messages cross the network in clear and the peer site is not authenticated; "
+    "give tls: {cert, key, ca} to run it with mutual TLS"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +81,20 @@ class SidecarConfig:
     spool_max_bytes: int
     fsync: str
     rules: RuleSet
-    tls: TlsFiles | None = None
+    tls: TlsFiles | None = None  # None: the link in plaintext (the config's insecure: true)
+    # The names the peer's link certificate may carry (tls.peer_names); empty: peer_cluster.
+    peer_names: tuple[str, ...] = ()
     metrics: Address | None = None
     metrics_web: WebConfig | None = None  # the endpoint's TLS and basic auth
     capture: CaptureConfig | None = None
     # P: which queues refuse publishes once D was promoted over this site
     # (gateway.config.ZOMBIE_GUARDS): full, replicated or off.
     zombie_guard: str = "full"
+
+    @property
+    def pinned_names(self) -> tuple[str, ...]:
+        """The names pinned for the link's peer certificate."""
+        return self.peer_names or (self.peer_cluster,)
 
 
 class Sidecar(NullObserver):
@@ -138,6 +150,7 @@ class Sidecar(NullObserver):
                 role=self.current_role,
                 active=self.active_sidecar,
                 ssl_context=None if config.tls is None else server_context(config.tls),
+                pinned=config.pinned_names,
             )
 
     @property
@@ -313,6 +326,8 @@ class Sidecar(NullObserver):
                 assert self.ingress is not None and self.config.listen is not None
                 listen = self.config.listen
                 await nursery.start(self.ingress.serve, listen.host, listen.port)
+            if self.config.tls is None:
+                log.warning("%s", INSECURE_WARNING)
             log.info("sidecar ready role=%s cseq=%d", self.current_role(), self.state.cseq)
             task_status.started()
 
@@ -337,16 +352,11 @@ class Sidecar(NullObserver):
                 await self.member.submit(pc.RulesSwitch(payload.to_bytes()))
 
     async def _connect(self, address: Address) -> trio.abc.Stream:
-        """A connection to one of D's sidecars, TLS when configured."""
-        with trio.move_on_after(CONNECT_TIMEOUT_S):
-            stream: trio.abc.Stream = await trio.open_tcp_stream(address.host, address.port)
-            if self.config.tls is None:
-                return stream
-            context = client_context(self.config.tls)
-            ssl_stream = trio.SSLStream(stream, context, server_hostname=address.host)
-            await ssl_stream.do_handshake()
-            return ssl_stream
-        raise OSError(f"connect to {address} timed out")
+        """A connection to one of D's sidecars (gateway/egress.py ``open_link``)."""
+        config = self.config
+        return await open_link(
+            address, tls=config.tls, pinned=config.pinned_names, site=config.site
+        )
 
     # ------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cluster.statistics import BusSection, NodeStatistics, StateTransferSection
 from gateway.resync import origin_summary
@@ -93,6 +93,13 @@ class LinkSection:
     # P: the DR site that was promoted over this one ("" while none was);
     # the zombie guard refuses publishes from then on.
     superseded_by: str | None = None
+    # "mutual-tls", or "insecure" when the config runs the link in plaintext.
+    security: str | None = None
+    # Connections refused for TLS reasons: the handshake failed (no or a
+    # foreign certificate, a plaintext peer), or a certificate name that is
+    # not pinned (refused by either side).
+    tls_handshake_failures_total: int | None = None
+    peer_name_refusals_total: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,12 +195,15 @@ def egress_link_section(
     ended: Mapping[str, int],
     gaps_total: int = 0,
     superseded_by: str = "",
+    security: str | None = None,
+    tls_refused: Mapping[str, int] | None = None,
 ) -> LinkSection:
     """P's link: ``sender`` is the open connection's snapshot (``None`` when
     none is open), ``ended`` the summed counters of the connections that ended
     (keys ``bytes_sent_total``, ``bytes_sent_wire_total``, ``batches_sent_total``,
     ``events_sent_total``; a missing key is 0), so the totals never go back.
-    ``last_seq`` is the spool's (0 without one); ``lag`` is (events, seconds)."""
+    ``last_seq`` is the spool's (0 without one); ``lag`` is (events, seconds).
+    ``tls_refused`` counts TLS refusals by reason (``handshake``, ``peer_name``)."""
     last = spool.last_seq if spool is not None and spool.last_seq is not None else 0
     return LinkSection(
         state=state,
@@ -211,7 +221,18 @@ def egress_link_section(
         events_sent_total=ended.get("events_sent_total", 0) + (sender.events if sender else 0),
         gaps_total=gaps_total,
         superseded_by=superseded_by,
+        **_tls_fields(security, tls_refused),
     )
+
+
+def _tls_fields(security: str | None, refused: Mapping[str, int] | None) -> dict[str, Any]:
+    if refused is None:
+        return {"security": security}
+    return {
+        "security": security,
+        "tls_handshake_failures_total": refused.get("handshake", 0),
+        "peer_name_refusals_total": refused.get("peer_name", 0),
+    }
 
 
 def ingress_link_section(
@@ -224,6 +245,8 @@ def ingress_link_section(
     receivers: Collection[ReceiverStatistics],
     ended: Mapping[str, int],
     refused_total: int = 0,
+    security: str | None = None,
+    tls_refused: Mapping[str, int] | None = None,
 ) -> LinkSection:
     """D's link: ``receivers`` are the open connections' snapshots, ``ended``
     the summed counters of those that ended (keys ``bytes_received_wire_total``,
@@ -242,6 +265,7 @@ def ingress_link_section(
         + sum(r.batches for r in receivers),
         gaps_total=ended.get("gaps_total", 0) + sum(r.gaps for r in receivers),
         refused_total=refused_total,
+        **_tls_fields(security, tls_refused),
     )
 
 

@@ -51,6 +51,7 @@ def status_document(
         "role": str(sidecar.role) if sidecar else None,
         "peer": link.peer if link else None,
         "link_state": link.state if link else None,
+        "link_security": link.security if link else None,
         "lag_events": link.lag_events if link else None,
         "lag_seconds": link.lag_seconds if link else None,
         "rtt_seconds": link.rtt_seconds if link else None,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab.certs import SiteCert, make_site_certs
 from lab.lifetime import Started
 from lab.netns import CorosyncSite
 
@@ -334,8 +335,14 @@ class TwoSites(Started):
         capture_dir: str | Path | None = None,
         bus: str = "embedded",
         spool_max_bytes: int | None = None,
+        tls: bool = True,
     ) -> None:
+        """``tls``: the link runs mutual TLS with certificates made in
+        WORKDIR/tls (lab/certs.py), as a production pair would; False runs it
+        with ``insecure: true``."""
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="twosites-"))
+        self.tls = tls
+        self._certs: dict[str, SiteCert] = {}
         self.bus = bus
         self.spool_max_bytes = spool_max_bytes
         self.labs: list[CorosyncSite] = []
@@ -488,6 +495,7 @@ class TwoSites(Started):
         else:
             port = self.d_listen.get(n, 0)  # a restarted sidecar keeps its port
             lines.append(f"listen: {self.node_address(site, n)}:{port}")
+        lines += self._link_security(site)
         if self.metrics:
             lines.append(f"metrics: {self.node_address(site, n)}:0")
         if self.capture_dir is not None:
@@ -495,6 +503,16 @@ class TwoSites(Started):
         path = site.workdir / f"sidecar-{n}.yaml"
         path.write_text("\n".join(lines) + "\n")
         return path
+
+    def _link_security(self, site: BrokerSite) -> list[str]:
+        """The config lines of the link's security: the site's certificate
+        (made with the pair's CA at the first sidecar), or ``insecure: true``."""
+        if not self.tls:
+            return ["insecure: true"]
+        if not self._certs:
+            self._certs = make_site_certs(self.workdir / "tls", [self.p.cluster, self.d.cluster])
+        files = self._certs[site.cluster]
+        return [f"tls: {{cert: {files.cert}, key: {files.key}, ca: {files.ca}}}"]
 
     def start_sidecar(self, site: BrokerSite, n: int) -> Proc:
         """Start sidecar ``n`` of ``site``; after ``site.kill(f"sidecar-{n}")``

@@ -144,6 +144,10 @@ class LinkErrorCode(enum.IntEnum):
     NOT_ACTIVE = 22
     INCARNATION_CHANGED = 23
     SHUTTING_DOWN = 24
+    PEER_NOT_PINNED = 25
+    """The peer's TLS certificate, though signed by the CA, names none of the
+    names this side pins (``tls.peer_names``): not retriable, an operator
+    must fix a certificate or the pinned names."""
     INTERNAL = 39
 
 

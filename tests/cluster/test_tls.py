@@ -11,7 +11,13 @@ import trio
 import trio.testing
 import trustme
 
-from cluster.tls import TlsFiles, client_context, server_context
+from cluster.tls import (
+    TlsFiles,
+    certificate_names,
+    client_context,
+    peer_name_refusal,
+    server_context,
+)
 
 
 def tls_files(ca: trustme.CA, folder: Path, name: str) -> TlsFiles:
@@ -88,3 +94,24 @@ def test_a_missing_file_fails_when_the_context_is_built(tmp_path: Path) -> None:
     files = TlsFiles(cert=str(tmp_path / "absent.pem"), key=str(tmp_path / "absent.key"), ca="")
     with pytest.raises(OSError):
         server_context(files)
+
+
+def test_certificate_names_are_the_dns_entries_else_the_common_name() -> None:
+    both = {
+        "subject": ((("commonName", "node-1"),),),
+        "subjectAltName": (("DNS", "site-d"), ("IP Address", "10.0.0.1"), ("DNS", "d.example")),
+    }
+    assert certificate_names(both) == ("site-d", "d.example")
+    cn_only = {"subject": ((("organizationName", "ops"),), (("commonName", "site-d"),))}
+    assert certificate_names(cn_only) == ("site-d",)
+    assert certificate_names({"subjectAltName": (("IP Address", "10.0.0.1"),)}) == ()
+    assert certificate_names(None) == ()
+
+
+def test_a_pinned_name_matches_without_case_and_never_by_the_cn_beside_dns_entries() -> None:
+    cert = {"subject": ((("commonName", "site-d"),),), "subjectAltName": (("DNS", "Site-D2"),)}
+    assert peer_name_refusal(cert, ["site-d2"]) is None
+    assert peer_name_refusal(cert, ["site-d"]) == (
+        "certificate name 'Site-D2' is not one of ['site-d'] (pinned by tls.peer_names)"
+    )
+    assert "names nobody" in (peer_name_refusal({}, ["site-d"]) or "")

@@ -48,6 +48,7 @@ spool:
   fsync: always
 rules: {rules}
 metrics: 0.0.0.0:9464
+insecure: true
 """
 
 
@@ -297,9 +298,33 @@ default: {mode: from-args, fallback: none}
 # (case id, edit of the sidecar text, line, column, words)
 SIDECAR_MISTAKES = [
     (
+        "neither tls nor insecure",
+        lambda t: t.replace("insecure: true\n", ""),
+        1,
+        1,
+        [
+            "the sidecar config has no 'tls': the link runs mutual TLS by default",
+            "give tls: {cert, key, ca}, or insecure: true to run the link in plaintext",
+        ],
+    ),
+    (
+        "insecure false without tls",
+        lambda t: t.replace("insecure: true", "insecure: false"),
+        14,
+        11,
+        ["'insecure: false' without 'tls'", "or insecure: true to run the link in plaintext"],
+    ),
+    (
+        "insecure not a bool",
+        lambda t: t.replace("insecure: true", "insecure: yes please"),
+        14,
+        11,
+        ["'insecure' must be true or false"],
+    ),
+    (
         "unknown key with nearest-key hint",
         lambda t: t + "metrcs: 1.2.3.4:5\n",
-        14,
+        15,
         1,
         ["unknown key 'metrcs' in the sidecar config", "did you mean 'metrics'?"],
     ),
@@ -361,7 +386,10 @@ SIDECAR_MISTAKES = [
     ),
     (
         "tls file missing",
-        lambda t: t + "tls: {cert: /nonexistent.pem, key: /etc/hostname, ca: /etc/hostname}\n",
+        lambda t: t.replace(
+            "insecure: true\n",
+            "tls: {cert: /nonexistent.pem, key: /etc/hostname, ca: /etc/hostname}\n",
+        ),
         14,
         13,
         ["'tls.cert' names '/nonexistent.pem', which is not a file"],
@@ -441,6 +469,7 @@ def test_valid_sidecar_config_builds_the_frozen_object(tmp_path: Path) -> None:
         "spool_max_bytes": 1048576,
         "fsync": "always",
         "tls": None,
+        "peer_names": ("site-d",),
         "metrics": Address("0.0.0.0", 9464),
         "metrics_web": None,
         "capture": None,
@@ -489,11 +518,32 @@ def test_relative_paths_are_relative_to_the_config_file(
     assert config.capture is not None and config.capture.directory == str(folder / "capture")
 
 
+def test_the_link_tls_pins_peer_names_defaulting_to_the_peer_cluster(tmp_path: Path) -> None:
+    for name in ("node.pem", "node.key", "ca.pem"):
+        write(tmp_path, name, "PEM")
+    tls = "tls: {cert: node.pem, key: node.key, ca: ca.pem}\n"
+    base = sidecar().replace("insecure: true\n", "")
+    config = load_sidecar_config(str(write(tmp_path, "a.yaml", base + tls)))
+    assert config.tls is not None
+    assert config.peer_names == config.pinned_names == ("site-d",)
+    pinned = tls.replace("}", ", peer_names: [d1.example, D2.example]}")
+    config = load_sidecar_config(str(write(tmp_path, "b.yaml", base + pinned)))
+    assert config.pinned_names == ("d1.example", "D2.example")
+    for bad, words in (
+        (tls.replace("}", ", peer_names: []}"), "'tls.peer_names' must be a non-empty list"),
+        (tls + "insecure: true\n", "'insecure: true' and 'tls' both given"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            load_sidecar_config(str(write(tmp_path, "c.yaml", base + bad)))
+        assert len(caught.value.problems) == 1, problems_of(caught.value)
+        assert words in problems_of(caught.value)[0]
+
+
 def test_dr_sidecar_config_defaults(bus_key: Path) -> None:
     text = (
         f"site: site-d\nrole: dr\nnode: 2\npeer_cluster: site-p\nlisten: 0.0.0.0:7500\n"
         f"bus: {{backend: embedded, address: 127.0.0.1:7401, key_file: {bus_key}}}\n"
-        f"spool: {{directory: /tmp/spool}}\nrules: {LAB_RULES}\n"
+        f"spool: {{directory: /tmp/spool}}\nrules: {LAB_RULES}\ninsecure: true\n"
     )
     config = load_sidecar_config("d.yaml", text)
     assert not config.primary
@@ -528,7 +578,7 @@ def test_ipv6_addresses_in_brackets_are_typed_once(bus_key: Path) -> None:
         "site: site-p\nrole: primary\nnode: 1\npeer_cluster: site-d\n"
         "peers: ['[::1]:7500', '[fd00::2]:7500']\nmetrics: '[::]:9464'\n"
         f"bus: {{backend: embedded, address: '[::1]:7401', key_file: {bus_key}}}\n"
-        f"spool: {{directory: /tmp/spool}}\nrules: {LAB_RULES}\n"
+        f"spool: {{directory: /tmp/spool}}\nrules: {LAB_RULES}\ninsecure: true\n"
     )
     config = load_sidecar_config("p.yaml", text)
     assert config.peers == (Address("::1", 7500), Address("fd00::2", 7500))

@@ -83,6 +83,9 @@ def test_every_snapshot_field_becomes_a_metric_with_constant_labels() -> None:
         ("drgate_link_events_sent_total", ()): 100,
         ("drgate_link_events_received_total", ()): 0,
         ("drgate_link_reconnects_total", ()): 1,
+        ("drgate_link_insecure", ()): 0,
+        ("drgate_link_tls_refused_total", (("reason", "handshake"),)): 2,
+        ("drgate_link_tls_refused_total", (("reason", "peer_name"),)): 1,
         ("drgate_link_rtt_seconds", ()): 0.05,
         ("drgate_lag_events", ()): 12,
         ("drgate_lag_seconds", ()): 0.3,
@@ -235,6 +238,7 @@ def test_status_document_fields() -> None:
     assert doc["role"] == "egress"
     assert doc["peer"] == "d1.example:7000"
     assert doc["link_state"] == "up"
+    assert doc["link_security"] == "mutual-tls"
     assert doc["lag_events"] == 12
     assert doc["lag_seconds"] == 0.3
     assert doc["spool"]["used_ratio"] == 0.8
@@ -265,6 +269,7 @@ def test_status_document_of_a_broker_field_for_field() -> None:
         "process": "broker",
         "role": None,
         **nothing,
+        "link_security": None,
         "last_seq": None,
         "link_gaps_total": None,
         "link_refused_total": None,

@@ -47,6 +47,7 @@ def site(tmp_path: Path) -> Iterator[BrokerSite]:
                         f"spool:\n  directory: {tmp_path / f'spool-{node}'}\n  fsync: never",
                         f"rules: {LAB_RULES}",
                         f"metrics: {lab.node(node).address}:{STATUS_PORT}",
+                        "insecure: true",
                     ]
                 )
                 + "\n"

@@ -32,7 +32,7 @@ def dr_sidecar_config(folder: Path, bus: BusConfig, key_file: str) -> Path:
         "site: site-d\nrole: dr\nnode: 5\npeer_cluster: site-p\nlisten: 127.0.0.1:0\n"
         f"bus: {{backend: embedded, group: {bus.group}, address: '{bus.address}', "
         f"key_file: {key_file}}}\n"
-        f"spool: {{directory: {folder / 'spool'}}}\nrules: {LAB_RULES}\n"
+        f"spool: {{directory: {folder / 'spool'}}}\nrules: {LAB_RULES}\ninsecure: true\n"
     )
     return path
 

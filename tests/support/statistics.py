@@ -93,6 +93,9 @@ def full_snapshot() -> SidecarStatistics:
             reconnects_total=1,
             events_sent_total=100,
             events_received_total=0,
+            security="mutual-tls",
+            tls_handshake_failures_total=2,
+            peer_name_refusals_total=1,
         ),
         spool=SpoolSection(
             bytes=800,
