@@ -349,14 +349,26 @@ class Journal:
         """
         if not commands:
             return
-        self._check_follows(first_cseq)
         try:
             frame = pc.encode_frame(commands)
-            record = pj.encode_record(first_cseq, len(commands), frame)
+        except LocalProtocolError as exc:
+            raise JournalError(f"cannot journal the frame at cseq {first_cseq}: {exc}") from exc
+        self.append_frame(first_cseq, frame, len(commands))
+
+    def append_frame(self, first_cseq: int, frame: bytes, count: int) -> None:
+        """:meth:`append` for a frame already encoded (``pc.encode_frame``) of
+        ``count`` commands: a node journaling a delivered frame unchanged
+        saves encoding it again.  The frame is not checked here; recovery
+        decodes it."""
+        if count < 1:
+            raise JournalError(f"a journaled frame holds at least one command, not {count}")
+        self._check_follows(first_cseq)
+        try:
+            record = pj.encode_record(first_cseq, count, frame)
         except LocalProtocolError as exc:
             raise JournalError(f"cannot journal the frame at cseq {first_cseq}: {exc}") from exc
         self._buffer.append(record)
-        self._buffer_next = first_cseq + len(commands)
+        self._buffer_next = first_cseq + count
 
     def append_members_left(self, members: Sequence[Sender]) -> None:
         """Buffer a view change that removed ``members`` (their sessions are

@@ -453,3 +453,17 @@ def test_a_failed_write_raises_keeps_the_records_and_the_next_commit_writes_them
         monkeypatch.setattr(os, "write", real_write)
         assert journal.commit() == site.state.cseq
     assert st.digest(recovered(tmp_path)) == st.digest(site.state)
+
+
+def test_an_encoded_frame_is_journaled_as_it_is(tmp_path: Path) -> None:
+    commands: list[pc.Command] = [pc.Genesis("site-p", 7), pc.QueueDeclare(QUEUE)]
+    with Journal.open(tmp_path) as journal:
+        with pytest.raises(JournalError, match="at least one command"):
+            journal.append_frame(1, pc.encode_frame([]), 0)
+        journal.append_frame(1, pc.encode_frame(commands), 2)
+        with pytest.raises(JournalError, match="expected cseq 3"):
+            journal.append_frame(2, pc.encode_frame(commands), 2)
+        journal.commit()
+    state = st.new_state()
+    st.apply_all(state, commands)
+    assert st.digest(recovered(tmp_path)) == st.digest(state)
