@@ -56,6 +56,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -187,9 +188,12 @@ class Journal:
         self._lock_fd: int | None = lock_fd
         self._files = _Files([], None)
         self._fd: int | None = None  # the active (last) segment, for appending
-        self._next = 1  # the cseq the next record must start at
+        self._next = 1  # the cseq after the last record written
+        # Appends may run while a worker thread commits: the lock guards the
+        # buffer and ``_appended`` (the cseq after the last record appended).
+        self._lock = threading.Lock()
         self._buffer: list[bytes] = []
-        self._buffer_next: int | None = None
+        self._appended = 1
         self._since_checkpoint = 0  # record bytes written since the base checkpoint
         self._commits = 0
         self._fsync_total = 0.0
@@ -242,6 +246,7 @@ class Journal:
             self._start_segment(self._next)
         if files.base is not None:
             self._checkpoint_time = files.base.path.stat().st_mtime
+        self._appended = self._next
 
     # --- recovery --------------------------------------------------------------
 
@@ -336,6 +341,7 @@ class Journal:
                 ckpt.path.rename(ckpt.path.with_name(ckpt.path.name + DAMAGED_SUFFIX))
         _delete_except(self.directory, keep, durable=self.fsync != "never")
         self._files = _Files([] if used is None else [used], used, chain)
+        self._since_checkpoint = sum(s.size - pj.SEGMENT_HEADER_SIZE for s in chain)
 
     # --- appending -------------------------------------------------------------
 
@@ -362,29 +368,26 @@ class Journal:
         decodes it."""
         if count < 1:
             raise JournalError(f"a journaled frame holds at least one command, not {count}")
-        self._check_follows(first_cseq)
         try:
             record = pj.encode_record(first_cseq, count, frame)
         except LocalProtocolError as exc:
             raise JournalError(f"cannot journal the frame at cseq {first_cseq}: {exc}") from exc
-        self._buffer.append(record)
-        self._buffer_next = first_cseq + count
+        with self._lock:
+            self._check_follows(first_cseq)
+            self._buffer.append(record)
+            self._appended = first_cseq + count
 
     def append_members_left(self, members: Sequence[Sender]) -> None:
         """Buffer a view change that removed ``members`` (their sessions are
         closed by ``st.members_left`` at this point of the stream on replay)."""
         if not members:
             return
-        at = self._following()
         payload = pj.encode_members_left((m.node, m.pid) for m in members)
-        self._buffer.append(pj.encode_record(at, 0, payload))
-        self._buffer_next = at
-
-    def _following(self) -> int:
-        return self._buffer_next if self._buffer_next is not None else self._next
+        with self._lock:
+            self._buffer.append(pj.encode_record(self._appended, 0, payload))
 
     def _check_follows(self, first_cseq: int) -> None:
-        expected = self._following()
+        expected = self._appended
         if first_cseq == expected:
             return
         if expected == 1 and self._files.base is None:
@@ -403,28 +406,33 @@ class Journal:
         Returns the highest cseq on disk (0 if none).  Raises
         :class:`JournalError` if the write or the sync fails; the segment is
         cut back to its last whole record and the records stay buffered.
+        May run in a worker thread while the node appends; one commit at a time.
         """
-        if self._buffer:
-            if self._fd is None:
-                self._start_segment(self._next)
-            assert self._fd is not None
-            data = b"".join(self._buffer)
-            seg = self._files.chain[-1]
-            try:
-                _write_all(self._fd, data)
-                self._sync(self._fd)
-            except OSError as exc:
-                self._cut_back(seg)
-                raise JournalError(
-                    f"{seg.path}: cannot write the journal ({exc}); the node cannot settle "
-                    "durable messages until it can. Fix: free space on the disk or fix it."
-                ) from exc
-            seg.size += len(data)
-            self._since_checkpoint += len(data)
-            self._next = seg.end_cseq = self._following()
-            self._buffer.clear()
-            self._buffer_next = None
-            self._commits += 1
+        with self._lock:
+            records, upto = self._buffer, self._appended
+            self._buffer = []
+        if not records:
+            return self.durable_cseq
+        if self._fd is None:
+            self._start_segment(self._next)
+        assert self._fd is not None
+        data = b"".join(records)
+        seg = self._files.chain[-1]
+        try:
+            _write_all(self._fd, data)
+            self._sync(self._fd)
+        except OSError as exc:
+            self._cut_back(seg)
+            with self._lock:
+                self._buffer[:0] = records
+            raise JournalError(
+                f"{seg.path}: cannot write the journal ({exc}); the node cannot settle "
+                "durable messages until it can. Fix: free space on the disk or fix it."
+            ) from exc
+        seg.size += len(data)
+        self._since_checkpoint += len(data)
+        self._next = seg.end_cseq = upto
+        self._commits += 1
         return self.durable_cseq
 
     def _cut_back(self, seg: _Segment) -> None:
@@ -485,8 +493,9 @@ class Journal:
         _sync_dir(self.directory, durable)
         ckpt = _Checkpoint(path, cseq, pj.CHECKPOINT_HEADER_SIZE + len(snapshot))
         self._files = _Files([ckpt], ckpt, [])
-        self._buffer.clear()
-        self._buffer_next = None
+        with self._lock:
+            self._buffer.clear()
+            self._appended = cseq + 1
         self._next = cseq + 1
         self._since_checkpoint = 0
         self._checkpoint_time = time.time()

@@ -467,3 +467,25 @@ def test_an_encoded_frame_is_journaled_as_it_is(tmp_path: Path) -> None:
     state = st.new_state()
     st.apply_all(state, commands)
     assert st.digest(recovered(tmp_path)) == st.digest(state)
+
+
+def test_a_record_appended_while_a_commit_writes_goes_with_the_next_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node may commit from a worker thread while it appends."""
+    with Journal.open(tmp_path) as journal:
+        site = genesis(journal)
+        journal.commit()
+        site.publish(3, per_frame=3)
+        before = site.state.cseq
+        real_write = os.write
+
+        def write_while_appending(fd: int, data: bytes | memoryview) -> int:
+            monkeypatch.setattr(os, "write", real_write)
+            site.publish(2, per_frame=2)  # the applier, meanwhile
+            return real_write(fd, data)
+
+        monkeypatch.setattr(os, "write", write_while_appending)
+        assert journal.commit() == before
+        assert journal.commit() == site.state.cseq == before + 2
+    assert st.digest(recovered(tmp_path)) == st.digest(site.state)
