@@ -47,8 +47,14 @@ start the node, which then takes the state from its peers.  A newest
 checkpoint that fails its CRC or does not restore makes :meth:`recover` fall
 back to the previous one when the segments after it are still there.
 
-Synchronous file I/O on the caller's thread; not thread-safe (one call at a
-time, from the applier or one worker thread).
+Synchronous file I/O on the caller's thread.  :meth:`Journal.commit` may run
+in a worker thread while the applier appends (the buffer is taken under a
+lock); every other call, and commits among themselves, one at a time.
+
+*Replay* applies commands with ``sender=None``: effects are not sent to
+anybody, and a ``SessionOpen`` is accepted as it was when the node applied
+it (only a member's own sessions pass the live check, and the node journals
+what it applied).
 """
 
 from __future__ import annotations
