@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 DEB_PKGS := corosync prometheus libssl-dev gcc python3-dev iproute2 procps
 PYTEST_ARGS ?=
 
-.PHONY: demo test check-fast fuzz lint typecheck pytest deb venv clean bench-resync
+.PHONY: demo test check-fast fuzz lint typecheck pytest deb venv clean bench-resync bench-journal
 
 demo: deb $(STAMP)
 	$(VENV)/bin/drgate demo
@@ -65,3 +65,9 @@ clean:
 # RSS over their steady state (bench/resync_bench.py; about 15 minutes).
 bench-resync: $(STAMP)
 	$(PY) bench/resync_bench.py --switch 200000
+
+# The broker journal: commit throughput (fsync batch vs never, fdatasync
+# latency) and the restart time of a journal of 1,000,000 durable messages,
+# with and without a checkpoint (bench/journal_bench.py; a few minutes).
+bench-journal: $(STAMP)
+	$(PY) bench/journal_bench.py
