@@ -184,6 +184,13 @@ class SiteMember:
         self._barrier_events: dict[int, list[trio.Event]] = {}
         self._pending_restore: bytes | None = None
         self._nursery: trio.Nursery | None = None
+        # Whole-site recovery (bus.expect_brokers > 0): the state this member's
+        # journal recovered (its owner sets it before serve), whether it is
+        # being sent to the site, and the chunks of the chosen one.
+        self.recovered: st.SiteState | None = None
+        self._recovery_sent = False
+        self._recovery_chunks: list[bytes] = []
+        self.site_live = trio.Event()  # the state has an incarnation (not recovering)
 
     # ------------------------------------------------------------------
     # Service
@@ -323,9 +330,89 @@ class SiteMember:
                 self._apply_view(event)
             else:
                 self._on_delivery(event)
-        if action.announce:
+        if self.bus_config.expect_brokers > 0:
+            self._report_recovered()
+        elif action.announce:
             self.post(pc.Genesis(self.cluster, random.getrandbits(64)))
         self._announce_ready()
+
+    @property
+    def recovering(self) -> bool:
+        """The site started with no member alive and waits for its brokers'
+        journals (nothing may be served from this empty state)."""
+        return self.bus_config.expect_brokers > 0 and self.state.incarnation == 0
+
+    def _report_recovered(self) -> None:
+        """A broker tells the site what its journal recovered (docs/broker.md,
+        "Durability"); other members only wait."""
+        if self.role != Role.BROKER or self.me is None:
+            return
+        got = self.recovered
+        cseq, incarnation = (0, 0) if got is None else (got.cseq, got.incarnation)
+        log.info(
+            "site %s starts with no member alive: this broker recovered cseq %d; waiting for "
+            "%d brokers' reports",
+            self.cluster,
+            cseq,
+            self.bus_config.expect_brokers,
+        )
+        self.post(
+            pc.Recovering(
+                self.cluster,
+                self.me.node,
+                self.me.pid,
+                self.bus_config.expect_brokers,
+                cseq,
+                incarnation,
+                random.getrandbits(63) | 1,
+            )
+        )
+
+    def _after_recovering(self) -> None:
+        """The chosen broker sends its recovered state to the whole site."""
+        winner = self.state.recovery_winner
+        if winner is None or self.me is None or self._recovery_sent:
+            return
+        if winner != (self.me.node, self.me.pid) or self.recovered is None:
+            return
+        self._recovery_sent = True
+        blob = st.snapshot(self.recovered)
+        log.info(
+            "recovery: this broker's journal (cseq %d) is the most advanced: sending it to the "
+            "site (%d bytes)",
+            self.recovered.cseq,
+            len(blob),
+        )
+        assert self._nursery is not None
+        self._nursery.start_soon(self._send_recovered, blob)
+
+    async def _send_recovered(self, blob: bytes) -> None:
+        last = max(0, len(blob) - 1) // CHUNK_BYTES
+        for index in range(last + 1):
+            piece = blob[index * CHUNK_BYTES : (index + 1) * CHUNK_BYTES]
+            await self._send.send(pc.RecoveryChunk(index, index == last, piece))
+
+    def _take_recovery_chunk(self, cmd: pc.RecoveryChunk, sender: MemberId) -> None:
+        """Every member takes the chosen broker's state at the final chunk."""
+        winner = self.state.recovery_winner
+        if winner is None or (sender.node, sender.pid) != winner:
+            return
+        if cmd.index == 0:
+            self._recovery_chunks = []
+        self._recovery_chunks.append(bytes(cmd.data))
+        if not cmd.final:
+            return
+        blob, self._recovery_chunks = b"".join(self._recovery_chunks), []
+        self.state = st.restore_untrusted(blob)
+        self.recovered = None
+        log.info(
+            "recovery: site %s continues from node %d's journal at cseq %d (incarnation %#x)",
+            self.cluster,
+            winner[0],
+            self.state.cseq,
+            self.state.incarnation,
+        )
+        self._observer.after_restore()
 
     def _announce_ready(self) -> None:
         assert self.me is not None
@@ -392,6 +479,8 @@ class SiteMember:
         buffered = self._buffer[1 + cut :]
         self._buffer = None
         self.membership.on_restored(ready, self.membership.members)
+        if self.state.incarnation != 0:
+            self.site_live.set()
         self._observer.after_restore()
         log.info("state restored: cut at %d events, %d buffered to apply", cut, len(buffered))
         for event in buffered:
@@ -399,6 +488,8 @@ class SiteMember:
                 self._apply_view(event)
             else:
                 self._on_delivery(event)
+        if self.recovering:
+            self._report_recovered()  # joined a site still waiting for its brokers
         self._announce_ready()
 
     def _on_delivery(self, event: Delivery) -> None:
@@ -415,6 +506,12 @@ class SiteMember:
             if isinstance(cmd, pc.MemberReady):
                 self.membership.on_member_ready(event.sender)
             effects = st.apply(self.state, cmd, sender=event.sender)
+            if isinstance(cmd, pc.Recovering):
+                self._after_recovering()
+            elif isinstance(cmd, pc.RecoveryChunk):
+                self._take_recovery_chunk(cmd, event.sender)
+            if self.state.incarnation != 0 and not self.site_live.is_set():
+                self.site_live.set()
             self._observer.after_command(cmd, effects, event.sender, own)
         if own:
             self._frames_applied += 1

@@ -56,6 +56,7 @@ from cluster.amqp import (
 )
 from cluster.amqpauth import AmqpSecurity, Principal
 from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
+from cluster.durability import JournalSettings, NodeJournal
 from cluster.member import BusOpener, NullObserver, SiteMember
 from cluster.state.model import SiteState
 from cluster.statistics import BusSection, NodeStatistics
@@ -105,6 +106,9 @@ class BrokerConfig:
     # Users, rights and the connection cap (cluster/amqpauth.py).
     security: AmqpSecurity = field(default_factory=AmqpSecurity)
     max_site_bytes: int = DEFAULT_MAX_SITE_BYTES  # message bodies held in the site state
+    # The node's journal (cluster/durability.py); None: the node keeps its
+    # state in memory only, and a restart of every node loses it.
+    journal: JournalSettings | None = None
 
 
 @dataclass(slots=True)
@@ -139,9 +143,18 @@ class BrokerNode(NullObserver):
         self._admin_lock = trio.Lock()
         self._admin_refusals: list[Any] | None = None
         self._was_minority = False
+        self.durability = (
+            None
+            if config.journal is None
+            else NodeJournal(config.journal, self.member, config.node)
+        )
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        if self.durability is not None:
+            self.durability.recover()
         async with trio.open_nursery() as nursery:
+            if self.durability is not None:
+                nursery.start_soon(self.durability.run)
             await nursery.start(self.member.serve)
             tls = self.config.tls
             port = await nursery.start(
@@ -166,6 +179,8 @@ class BrokerNode(NullObserver):
     def after_command(
         self, cmd: pc.Command, effects: Sequence[st.Effect], sender: MemberId, own: bool
     ) -> None:
+        if self.durability is not None:
+            self.durability.after_command(cmd)
         if own and isinstance(cmd, pc.Acquire):
             consumer = self._by_consumer_id.get(cmd.consumer)
             if consumer is not None:
@@ -173,9 +188,17 @@ class BrokerNode(NullObserver):
         self._on_effects(effects)
 
     def after_frame(self) -> None:
+        if self.durability is not None:
+            self.durability.after_frame()
         self._acquire_for_waiting()
 
+    def after_restore(self) -> None:
+        if self.durability is not None:
+            self.durability.after_restore()
+
     def after_view(self, view: ViewChange, effects: Sequence[st.Effect]) -> None:
+        if self.durability is not None:
+            self.durability.after_view(view.left)
         self._on_effects(effects)
         if view.quorate:
             # Consumers held back in a minority partition take messages again.
@@ -195,13 +218,24 @@ class BrokerNode(NullObserver):
         self._inflight_bytes = 0
 
     def quorate(self) -> bool:
+        if self.member.recovering:
+            return False
         return self.member.membership is None or self.member.membership.quorate
 
     def minority_refusal(self) -> str:
         """Why this broker accepts nothing while its view is not quorate: what
         it accepted there would be dropped when the partition heals (the
-        majority's state wins, see cluster/membership.py)."""
+        majority's state wins, see cluster/membership.py); or while the site
+        waits for its brokers' journals."""
         members = 0 if self.member.membership is None else len(self.member.membership.members)
+        if self.member.recovering:
+            state = self.member.state
+            return (
+                f"site {self.config.cluster} is recovering from its brokers' journals: "
+                f"{len(state.candidates)} of {self.member.bus_config.expect_brokers} brokers "
+                "reported; it serves clients once every broker is back (or an operator forces "
+                "the recovery, docs/broker.md 'Durability')"
+            )
         return (
             f"broker node {self.config.node} of {self.config.cluster} is in a minority partition "
             f"(its view of {members} members is not quorate): it accepts no message and "
@@ -226,14 +260,12 @@ class BrokerNode(NullObserver):
                 if self._mine(effect.sender):
                     delivery = self._pending.pop(effect.ref, None)
                     if delivery is not None:
-                        # Applied in a minority partition: it will be dropped
-                        # when the partition heals, so it is not accepted.
-                        delivery.settle(
-                            ACCEPTED
-                            if self.quorate()
-                            else Rejected(MINORITY_CONDITION, self.minority_refusal())
-                        )
-                        delivery.link.flow(1)
+                        if self.durability is None:
+                            self._settle_applied(delivery)
+                        else:
+                            self.durability.settle_when_durable(
+                                functools.partial(self._settle_applied, delivery)
+                            )
             elif isinstance(effect, st.Refused):
                 if self._mine(effect.sender):
                     self._on_refused(effect)
@@ -249,6 +281,14 @@ class BrokerNode(NullObserver):
                         consumer.link.close(
                             "amqp:resource-deleted", f"queue {effect.queue!r} was deleted"
                         )
+
+    def _settle_applied(self, delivery: InboundDelivery) -> None:
+        # Applied in a minority partition: it will be dropped when the
+        # partition heals, so it is not accepted.
+        delivery.settle(
+            ACCEPTED if self.quorate() else Rejected(MINORITY_CONDITION, self.minority_refusal())
+        )
+        delivery.link.flow(1)
 
     def _on_refused(self, effect: Any) -> None:
         if effect.ref:

@@ -48,6 +48,7 @@ from cluster.amqpauth import (
 )
 from cluster.bus import BusConfig
 from cluster.bus.auth import bus_key_problem
+from cluster.durability import JournalSettings
 from cluster.node import DEFAULT_MAX_SITE_BYTES, BrokerConfig
 from cluster.tls import TlsFiles
 from cluster.webconfig import WebConfig
@@ -207,7 +208,7 @@ def load_metrics(
 
 def load_bus(node: Node, problems: Problems, *, path: str, node_id: int) -> BusConfig | None:
     """``bus``; the embedded bus's ``key_file`` is relative to the config file ``path``."""
-    optional = ("group", "address", "key_file")
+    optional = ("group", "address", "key_file", "expect_brokers")
     fields = check_keys(node, problems, what="'bus'", required=("backend",), optional=optional)
     if fields is None:
         return None
@@ -242,9 +243,22 @@ def load_bus(node: Node, problems: Problems, *, path: str, node_id: int) -> BusC
         key_file = beside(path, text) if text else None
     if backend is not None and (problem := bus_key_problem(backend, key_file)) is not None:
         problems.error(fields.get("key_file", node).location, *problem)
+    expect_brokers = 0
+    if "expect_brokers" in fields:
+        expect_brokers = (
+            expect_int(fields["expect_brokers"], problems, what="'bus.expect_brokers'", minimum=0)
+            or 0
+        )
     if backend is None:
         return None
-    return BusConfig(backend, group, node_id, address, key_file if backend == "embedded" else None)
+    return BusConfig(
+        backend,
+        group,
+        node_id,
+        address,
+        key_file if backend == "embedded" else None,
+        expect_brokers,
+    )
 
 
 def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
@@ -254,7 +268,7 @@ def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
         text,
         what="the broker config",
         required=("cluster", "node", "bus"),
-        optional=("amqp", "metrics", "max_site_bytes"),
+        optional=("amqp", "metrics", "max_site_bytes", "journal"),
     )
     cluster = (
         expect_str(fields["cluster"], problems, what="'cluster'") if "cluster" in fields else None
@@ -290,6 +304,14 @@ def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
         metrics, metrics_web = load_metrics(
             fields["metrics"], problems, path=path, default=DEFAULT_BROKER_METRICS
         )
+    journal = _load_journal(fields["journal"], problems, path=path) if "journal" in fields else None
+    if journal is not None and bus is not None and bus.expect_brokers == 0:
+        problems.error(
+            fields["journal"].location,
+            "a broker with a journal needs 'bus.expect_brokers' (the site's number of brokers)",
+            "add expect_brokers: N under bus, the same in every config of the site, so that a "
+            "site restarted whole waits for its brokers' journals",
+        )
     problems.raise_if_any(ConfigError)
     if cluster is None or node_id is None or bus is None:
         raise AssertionError("a missing value was not reported as a problem")
@@ -303,6 +325,7 @@ def load_broker_config(path: str, text: str | None = None) -> BrokerConfig:
         metrics_web=metrics_web,
         security=security,
         max_site_bytes=max_site_bytes,
+        journal=journal,
     )
 
 
@@ -554,6 +577,44 @@ def _load_spool(node: Node, problems: Problems, *, path: str) -> tuple[str, int,
                 f"use one of: {', '.join(FSYNC_POLICIES)}",
             )
     return directory, max_bytes, fsync
+
+
+def _load_journal(node: Node, problems: Problems, *, path: str) -> JournalSettings | None:
+    """``journal``: {directory, fsync: batch | never, checkpoint_bytes}."""
+    fields = check_keys(
+        node,
+        problems,
+        what="'journal'",
+        required=("directory",),
+        optional=("fsync", "checkpoint_bytes"),
+    )
+    if fields is None or "directory" not in fields:
+        return None
+    directory = beside(
+        path, expect_str(fields["directory"], problems, what="'journal.directory'") or ""
+    )
+    fsync = "batch"
+    if "fsync" in fields:
+        fsync = expect_str(fields["fsync"], problems, what="'journal.fsync'") or fsync
+        if fsync not in ("batch", "never"):
+            problems.error(
+                fields["fsync"].location,
+                f"unknown journal fsync policy {fsync!r}",
+                "use batch (one fdatasync per group of frames: nothing settled is lost in a "
+                "power cut) or never (a crashed process loses nothing, a crashed machine may)",
+            )
+    checkpoint_bytes = 64 << 20
+    if "checkpoint_bytes" in fields:
+        checkpoint_bytes = (
+            expect_int(
+                fields["checkpoint_bytes"],
+                problems,
+                what="'journal.checkpoint_bytes'",
+                minimum=1 << 16,
+            )
+            or checkpoint_bytes
+        )
+    return JournalSettings(directory, fsync, checkpoint_bytes)
 
 
 def _load_rules(rules_path: str, problems: Problems) -> RuleSet | None:

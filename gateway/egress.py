@@ -361,15 +361,26 @@ class Egress:
         if not session.welcomed or session.sender.window_full:
             return False
         if session.resync is not None:
-            return session.sender.queued == 0
+            waiting = session.resync.exhausted and self._durable_limit() < session.resync.plan.cut
+            return session.sender.queued == 0 and not waiting
         last = self._spool_now().statistics().last_seq
-        return last is not None and last > session.last_queued
+        return last is not None and min(last, self._durable_limit()) > session.last_queued
+
+    def _durable_limit(self) -> int:
+        """The highest seq that may cross: with journaled brokers, the site's
+        durable watermark (cluster/durability.py), else anything."""
+        if self.member.bus_config.expect_brokers == 0:
+            return 2**64
+        return self.member.state.durable_cseq
 
     def _queue_events(self, session: _Session) -> None:
         if not session.welcomed or session.sender.window_full or session.resync is not None:
             return
         spool = self._spool_now()
+        durable = self._durable_limit()
         for seq, time_us, payload, prev_seq in spool.read_after(session.last_queued, REPLAY_BYTES):
+            if seq > durable:
+                break  # not on any broker's disk yet: the primary could still lose it
             session.sender.send_event(link.LinkEvent(seq, time_us, payload, prev_seq=prev_seq))
             if self.capture is not None:
                 self.capture.forwarded(session.sender, seq, payload)
@@ -460,6 +471,9 @@ class Egress:
         if stream is None or sender.window_full or sender.queued:
             return
         chunk = stream.next_chunk()
+        if chunk is None and self._durable_limit() < stream.plan.cut:
+            return  # all sent; the cut must be on a broker's disk before END
+
         if chunk is None:
             sender.end_resync()
             session.resync = None

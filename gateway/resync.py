@@ -120,6 +120,7 @@ class SnapshotStream:
         self.chunks_done = 0
         self._records = self._encode(rules, origin, epoch, time_us)
         self._pending: bytes | None = None  # a record read ahead, for the next chunk
+        self.exhausted = False  # every chunk was handed out
 
     def next_chunk(self) -> bytes | None:
         """The next chunk, or None once the snapshot is all out."""
@@ -136,6 +137,7 @@ class SnapshotStream:
             parts.append(record)
             size += len(record)
         if not parts:
+            self.exhausted = True
             return None
         self.chunks_done += 1
         self.bytes_done += size

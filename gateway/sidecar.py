@@ -315,10 +315,16 @@ class Sidecar(NullObserver):
             if self.capture is not None:
                 await nursery.start(self.capture.serve)
             await nursery.start(self.member.serve)
+            if not self.member.site_live.is_set():
+                # A site restarted whole waits for its brokers' journals; the
+                # recovered state arrives as a restore (after_restore).
+                log.info("sidecar: the site recovers from its brokers' journals; waiting")
+                await self.member.site_live.wait()
             # Events tapped before the spool opens were part of the snapshot
             # or of the genesis; the spool starts above the current cseq.
-            self.tap.resync_rules(self.state)
-            self.spool = self._open_spool()
+            if self.spool is None:
+                self.tap.resync_rules(self.state)
+                self.spool = self._open_spool()
             if self.egress is not None:
                 nursery.start_soon(self.egress.serve)
                 nursery.start_soon(self._watch_rules)

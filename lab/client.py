@@ -119,6 +119,12 @@ class Publisher(MessagingHandler):
         self.error = (
             f"{condition.name}: {condition.description}" if condition else "transport error"
         )
+        # The broker is gone: report what was settled, do not reconnect (a
+        # publish in flight is the caller's to retry, as for any client).
+        if event.connection is not None:
+            event.connection.close()
+        else:
+            event.container.stop()
 
     def result(self) -> dict[str, Any]:
         return {

@@ -113,11 +113,16 @@ class BrokerSite(Started):
         corosync: CorosyncSite | None = None,
         workdir: str | Path | None = None,
         group: str = "drgate",
+        durable: bool = False,
     ) -> None:
+        """``durable``: every broker keeps a journal in WORKDIR/journal-N and
+        the site's configs say ``bus.expect_brokers``, so a restart of the
+        whole site recovers it (docs/broker.md, "Durability")."""
         if backend == "corosync" and corosync is None:
             raise SiteError("a corosync site needs a running CorosyncSite (lab.netns)")
         self.cluster = cluster
         self.node_ids = list(range(1, nodes + 1))
+        self.durable = durable
         self.backend = backend
         self.corosync = corosync
         self.group = group
@@ -177,9 +182,14 @@ class BrokerSite(Started):
                 f"  backend: embedded\n  group: {self.group}\n  address: {self.bus_address}\n"
                 f"  key_file: {self.bus_key_path}\n"
             )
+        journal = ""
+        if self.durable:
+            bus += f"  expect_brokers: {len(self.node_ids)}\n"
+            journal = f"journal:\n  directory: {self.workdir / f'journal-{node}'}\n"
         path = self.workdir / f"broker-{node}.yaml"
         path.write_text(
             f"cluster: {self.cluster}\nnode: {node}\nbus:\n{bus}amqp:\n  listen: {listen}\n"
+            + journal
         )
         return path
 
@@ -336,6 +346,7 @@ class TwoSites(Started):
         bus: str = "embedded",
         spool_max_bytes: int | None = None,
         tls: bool = True,
+        durable: bool = False,
     ) -> None:
         """``tls``: the link runs mutual TLS with certificates made in
         WORKDIR/tls (lab/certs.py), as a production pair would; False runs it
@@ -371,6 +382,7 @@ class TwoSites(Started):
                 group=cluster,
                 backend=bus,
                 corosync=corosync,
+                durable=durable,
             )
             for cluster, corosync in (("site-p", p_lab), ("site-d", d_lab))
         )
@@ -485,6 +497,7 @@ class TwoSites(Started):
                 if site.backend == "embedded"
                 else []
             ),
+            *([f"  expect_brokers: {len(site.node_ids)}"] if site.durable else []),
             f"spool:\n  directory: {spool}\n  fsync: never",
             *([f"  max_bytes: {self.spool_max_bytes}"] if self.spool_max_bytes else []),
             f"rules: {self.rules}",

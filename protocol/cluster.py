@@ -109,6 +109,9 @@ class Kind(enum.IntEnum):
     ACCEPT_PRIMARY = 27
     SET_EPOCH = 28
     SUPERSEDED = 29
+    DURABLE = 30
+    RECOVERING = 31
+    RECOVERY_CHUNK = 32
 
 
 class ExchangeType(enum.IntEnum):
@@ -508,6 +511,59 @@ class Superseded(_CommandBase):
     guarded: ValueMap = field(default_factory=dict)
 
 
+# key=""  meta: node u32 | cseq u64
+@_command(Kind.DURABLE, meta=[("node", Int32ub), ("cseq", Int64ub)])
+@dataclass(frozen=True, slots=True)
+class Durable(_CommandBase):
+    """Broker ``node`` has every command up to ``cseq`` in its journal on disk:
+    the site's durable watermark is the highest any broker reported, and the
+    egress forwards nothing above it (what D holds, P can always recover)."""
+
+    node: int
+    cseq: int
+
+
+# key=cluster  meta: node u32 | pid u32 | expect u32 | cseq u64 | incarnation u64 | proposal u64
+@_command(
+    Kind.RECOVERING,
+    key="cluster",
+    meta=[
+        ("node", Int32ub),
+        ("pid", Int32ub),
+        ("expect", Int32ub),
+        ("cseq", Int64ub),
+        ("incarnation", Int64ub),
+        ("proposal", Int64ub),
+    ],
+)
+@dataclass(frozen=True, slots=True)
+class Recovering(_CommandBase):
+    """A broker of a site that starts with no member alive: what its journal
+    recovered (``cseq`` 0: nothing), the number of brokers the site waits for,
+    and a fresh incarnation to use should no broker recover anything."""
+
+    cluster: str
+    node: int
+    pid: int
+    expect: int
+    cseq: int
+    incarnation: int
+    proposal: int
+
+
+# key=""  meta: index u32 | final u8
+@_command(Kind.RECOVERY_CHUNK, meta=[("index", Int32ub), ("final", Flag)], tail="data")
+@dataclass(frozen=True, slots=True)
+class RecoveryChunk(_CommandBase):
+    """A piece of the recovered state of the broker the recovery chose; at the
+    final one every member of the site takes that state, at that point of the
+    stream."""
+
+    index: int
+    final: bool
+    data: Body = b""
+
+
 # key=origin cluster  meta: incarnation u64 | cseq u64 | time_us u64
 @_command(
     Kind.ACK_WATERMARK,
@@ -732,6 +788,9 @@ Command: TypeAlias = (
     | AcceptPrimary
     | SetEpoch
     | Superseded
+    | Durable
+    | Recovering
+    | RecoveryChunk
 )
 
 if set(_CODECS) != {int(k) for k in Kind}:  # pragma: no cover - a kind without a command

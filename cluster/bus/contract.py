@@ -69,6 +69,11 @@ class BusConfig:
     # embedded: the site's bus key (cluster/bus/auth.py); corosync
     # authenticates nodes with its own authkey (totem.keyfile) instead.
     key_file: str | None = None
+    # The site's brokers keep journals (cluster/journal.py): a site that starts
+    # with no member alive waits for this many brokers to report what they
+    # recovered, and continues from the most advanced (0: a site in memory,
+    # which starts from nothing).  Every member of the site says the same.
+    expect_brokers: int = 0
 
 
 @dataclass(frozen=True, slots=True)

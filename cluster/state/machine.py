@@ -71,6 +71,7 @@ from protocol.cluster import (
     Bind,
     Command,
     Dequeue,
+    Durable,
     Enqueue,
     ExchangeDeclare,
     ExchangeDelete,
@@ -81,6 +82,8 @@ from protocol.cluster import (
     Purge,
     QueueDeclare,
     QueueDelete,
+    Recovering,
+    RecoveryChunk,
     Release,
     Replicated,
     ResyncApply,
@@ -631,6 +634,44 @@ def _genesis(state: SiteState, cmd: Genesis, sender: Sender | None, eff: Effects
     eff.append(GenesisApplied(cmd.cluster, cmd.incarnation, True))
 
 
+def _durable(state: SiteState, cmd: Durable, sender: Sender | None, eff: Effects) -> None:
+    state.durable_cseq = max(state.durable_cseq, cmd.cseq)
+
+
+def _recovering(state: SiteState, cmd: Recovering, sender: Sender | None, eff: Effects) -> None:
+    """A site that started with no member alive collects what its brokers
+    recovered; once ``expect`` of them reported, the most advanced (highest
+    cseq, then the lowest node) is chosen and every member takes its state
+    (``RecoveryChunk``, cluster/member.py), or, when none recovered anything,
+    the site starts from nothing with the lowest broker's proposal."""
+    if state.incarnation != 0 or state.recovery_winner is not None:
+        state.count("ignored")
+        return
+    state.candidates[cmd.node] = (cmd.pid, cmd.cseq, cmd.incarnation, cmd.proposal)
+    state.recovery_expect = max(state.recovery_expect, cmd.expect)
+    if len(state.candidates) < state.recovery_expect:
+        return
+    node, (pid, cseq, _inc, _proposal) = max(
+        state.candidates.items(), key=lambda c: (c[1][1], -c[0])
+    )
+    if cseq > 0:
+        state.recovery_winner = (node, pid)
+        return
+    lowest = min(state.candidates)
+    state.cluster = cmd.cluster
+    state.incarnation = state.candidates[lowest][3]
+    state.candidates.clear()
+    eff.append(GenesisApplied(cmd.cluster, state.incarnation, True))
+
+
+def _recovery_chunk(
+    state: SiteState, cmd: RecoveryChunk, sender: Sender | None, eff: Effects
+) -> None:
+    # Collected by the members (cluster/member.py): the final one replaces
+    # this state whole.
+    return
+
+
 def _bare_replica_command(
     state: SiteState, cmd: Enqueue | Dequeue, sender: Sender | None, eff: Effects
 ) -> None:
@@ -738,6 +779,9 @@ _LOCAL: dict[type, Callable[[SiteState, Any, Sender | None, Effects], None]] = {
     AcceptPrimary: _accept_primary,
     SetEpoch: _set_epoch,
     Superseded: _superseded,
+    Durable: _durable,
+    Recovering: _recovering,
+    RecoveryChunk: _recovery_chunk,
     AckWatermark: _ack_watermark,
     MemberReady: _member_ready,
     Genesis: _genesis,

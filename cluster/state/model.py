@@ -374,9 +374,11 @@ class SiteState:
     """
 
     __slots__ = (
+        "candidates",
         "cluster",
         "counters",
         "cseq",
+        "durable_cseq",
         "epoch",
         "exchanges",
         "guarded",
@@ -384,6 +386,8 @@ class SiteState:
         "origins",
         "queues",
         "ready",
+        "recovery_expect",
+        "recovery_winner",
         "reported",
         "rules",
         "rules_cseq",
@@ -415,6 +419,14 @@ class SiteState:
         self.superseded_by = ""
         self.superseded_time_us = 0
         self.guarded: dict[str, None] = {}
+        # Journals (cluster/journal.py): the highest cseq a broker has on disk
+        # (Durable), and, while a site that started with no member alive waits
+        # for its brokers, what each recovered: node -> (pid, cseq,
+        # incarnation, proposal), how many it waits for, and the broker chosen.
+        self.durable_cseq = 0
+        self.candidates: dict[int, tuple[int, int, int, int]] = {}
+        self.recovery_expect = 0
+        self.recovery_winner: tuple[int, int] | None = None
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] += n

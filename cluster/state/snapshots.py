@@ -29,6 +29,8 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
                   | u32 n | n x staged
                   | epoch u32 | superseded_by str16 | superseded_time_us u64
                   | u32 n | n x guarded queue str16   (this site's own stream)
+                  | durable_cseq u64 | recovery_expect u32 | winner u8 [node u32 | pid u32]
+                  | u32 n | n x (node u32 | pid u32 | cseq u64 | incarnation u64 | proposal u64)
     origin     := name str16 | incarnation u64 | epoch u32 | promoted u8
                   | promoted_time_us u64 | last_time_us u64 | last_cseq u64
                   | refused_incarnation u64 | u32 n | n x (incarnation u64 | cseq u64)
@@ -89,6 +91,8 @@ _READY = struct.Struct(">IIB")
 _HELD = struct.Struct(">QI")
 #   incarnation u64 | cut u64 | epoch u32 | pieces u32
 _STAGED = struct.Struct(">QQII")
+#   node u32 | pid u32 | cseq u64 | incarnation u64 | proposal u64
+_CANDIDATE = struct.Struct(">IIQQQ")
 
 _REDELIVERED = 1
 _HAS_PROPERTIES = 2
@@ -214,6 +218,16 @@ def snapshot(state: SiteState) -> bytes:
     out.append(_U32.pack(len(state.guarded)))
     for name in state.guarded:
         _str16(out, name)
+    out.append(_U64.pack(state.durable_cseq) + _U32.pack(state.recovery_expect))
+    if state.recovery_winner is None:
+        out.append(b"\x00")
+    else:
+        out.append(
+            b"\x01" + _U32.pack(state.recovery_winner[0]) + _U32.pack(state.recovery_winner[1])
+        )
+    out.append(_U32.pack(len(state.candidates)))
+    for node, candidate in state.candidates.items():
+        out.append(_CANDIDATE.pack(node, *candidate))
     try:
         return b"".join(out)
     except TypeError as exc:  # pragma: no cover - a body that is not bytes
@@ -471,6 +485,13 @@ def _restore(r: _Reader) -> SiteState:
     st.superseded_by = r.str16()
     st.superseded_time_us = r.u64()
     st.guarded = {r.str16(): None for _ in range(r.u32())}
+    st.durable_cseq = r.u64()
+    st.recovery_expect = r.u32()
+    if r.flag("the recovery winner flag"):
+        st.recovery_winner = (r.u32(), r.u32())
+    for _ in range(r.u32()):
+        node, pid, cseq, incarnation, proposal = r.unpack(_CANDIDATE)
+        st.candidates[node] = (pid, cseq, incarnation, proposal)
     if r.off != len(data):
         raise RemoteProtocolError(f"snapshot has {len(data) - r.off} trailing bytes")
     for q in st.queues.values():

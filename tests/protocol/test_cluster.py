@@ -65,6 +65,9 @@ simple_commands = st.one_of(
     st.builds(c.AcceptPrimary, names, u32),
     st.builds(c.SetEpoch, u32),
     st.builds(c.Superseded, names, u64, value_maps),
+    st.builds(c.Durable, u32, u64),
+    st.builds(c.Recovering, names, u32, u32, u32, u64, u64, u64),
+    st.builds(c.RecoveryChunk, u32, st.booleans(), bodies),
     st.builds(c.ResyncStage, names, u64, u64, u32, u32, bodies),
 )
 
@@ -191,6 +194,9 @@ SAMPLES: dict[str, c.Command] = {
     "accept_primary": c.AcceptPrimary("site-p", 3),
     "set_epoch": c.SetEpoch(3),
     "superseded": c.Superseded("site-d", 1_700_000_000_000_000, {"orders": None, "q-full": None}),
+    "durable": c.Durable(2, 4711),
+    "recovering": c.Recovering("site-p", 2, 4242, 3, 4711, 0x1122334455667788, 0x99),
+    "recovery_chunk": c.RecoveryChunk(0, True, b"DRGS..."),
 }
 
 

@@ -64,6 +64,7 @@ class MemberStandIn:
     posted: list[pc.Command] = field(default_factory=list)
     applied: list[pc.Command] = field(default_factory=list)
     gate: trio.Event | None = None
+    bus_config: BusConfig = field(default_factory=lambda: BusConfig("memory", "site", 1))
 
     def __post_init__(self) -> None:
         self.apply(pc.Genesis(self.cluster, 1))
