@@ -1,0 +1,42 @@
+"""cluster.state: a site started with no member alive chooses the journal it
+continues from (``Recovering``), the same way on every member."""
+
+from __future__ import annotations
+
+from cluster import state as st
+from protocol import cluster as pc
+
+
+def _report(node: int, cseq: int, *, expect: int = 3, incarnation: int = 7) -> pc.Recovering:
+    return pc.Recovering("site-p", node, 100 + node, expect, cseq, incarnation, 1000 + node)
+
+
+def test_the_most_advanced_journal_is_chosen_once_every_broker_reported() -> None:
+    s = st.new_state()
+    for node, cseq in ((2, 400), (1, 900)):
+        st.apply(s, _report(node, cseq))
+        assert s.recovery_winner is None  # two of three: wait (the third may be ahead)
+    st.apply(s, _report(3, 900))
+    assert s.recovery_winner == (1, 101)  # 900 twice: the lower node
+    assert s.incarnation == 0  # the chosen state arrives as RecoveryChunks
+    st.apply(s, _report(4, 5000))  # too late: the choice stands
+    assert s.recovery_winner == (1, 101)
+    # A member that joins now takes the same choice with the state.
+    assert st.restore_untrusted(st.snapshot(s)).recovery_winner == (1, 101)
+
+
+def test_no_journal_anywhere_starts_the_site_from_nothing() -> None:
+    s = st.new_state()
+    for node in (3, 1, 2):
+        st.apply(s, _report(node, 0, incarnation=0))
+    assert s.recovery_winner is None
+    assert (s.cluster, s.incarnation) == ("site-p", 1001)  # the lowest broker's proposal
+    st.apply(s, _report(1, 50))  # the site is live: ignored
+    assert s.incarnation == 1001 and s.recovery_winner is None
+
+
+def test_durable_keeps_the_highest_watermark() -> None:
+    s = st.new_state()
+    st.apply(s, pc.Durable(1, 40))
+    st.apply(s, pc.Durable(2, 30))
+    assert s.durable_cseq == 40
