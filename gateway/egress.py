@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,10 +43,10 @@ import trio
 
 from cluster.addresses import Address
 from cluster.member import SiteMember
-from cluster.tls import TlsFiles, client_context, peer_name_refusal, tls_failure_text
 from gateway import resync as rs
 from gateway.capture import CaptureSink
 from gateway.content import MESSAGE_MODES
+from gateway.linkconnect import describe_error, link_error_in, tls_refusal_reason
 from gateway.linkstatus import LinkStatus
 from gateway.roles import RoleSignal, SidecarRole
 from gateway.spool import Spool
@@ -66,7 +66,6 @@ log = logging.getLogger("drgate.sidecar")
 # site's worth of reconnects does not arrive in step.
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 5.0
-CONNECT_TIMEOUT_S = 5.0
 # The standbys trim by the announced watermark; once a second is plenty.
 WATERMARK_INTERVAL_S = 1.0
 # Bytes of spool read per replay step.
@@ -76,80 +75,6 @@ READ_BYTES = 1 << 16
 IDLE_WAIT_S = 1.0
 
 Connector = Callable[[Address], Awaitable[trio.abc.Stream]]
-
-
-def describe_error(exc: BaseException) -> str:
-    """One line for a person: the messages of an exception (group), with
-    what a TLS failure means."""
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(describe_error(e) for e in exc.exceptions)
-    if isinstance(exc, DrgateError):
-        return str(exc)
-    tls = tls_failure_text(exc)
-    return tls if tls is not None else f"{type(exc).__name__}: {exc}"
-
-
-def link_error_in(exc: BaseException) -> LinkError | None:
-    """The LinkError an exception is or carries: a link failure raised in a
-    nursery's body reaches the caller wrapped in an exception group."""
-    if isinstance(exc, LinkError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = link_error_in(inner)
-            if found is not None:
-                return found
-    return None
-
-
-def tls_refusal_reason(exc: BaseException) -> str | None:
-    """``"peer_name"`` when a link failed on a pinned certificate name (either
-    side's), ``"handshake"`` when its TLS handshake failed, else ``None``."""
-    found = link_error_in(exc)
-    if found is not None and found.code == link.LinkErrorCode.PEER_NOT_PINNED:
-        return "peer_name"
-    if isinstance(exc, BaseExceptionGroup):
-        reasons = [tls_refusal_reason(inner) for inner in exc.exceptions]
-        return next((r for r in reasons if r is not None), None)
-    return "handshake" if tls_failure_text(exc) is not None else None
-
-
-async def open_link(
-    address: Address, *, tls: TlsFiles | None, pinned: Sequence[str], site: str
-) -> trio.abc.Stream:
-    """A connection to one of D's sidecars: TCP, then, with ``tls``, the TLS
-    handshake and the check that D's certificate carries one of ``pinned``.
-
-    The certificate files are read at each connection, so renewed ones are
-    used without a restart.  Raises ``OSError`` when D cannot be reached in
-    :data:`CONNECT_TIMEOUT_S`, ``trio.BrokenResourceError`` (from
-    ``ssl.SSLError``) when the handshake fails, and a non-retriable
-    :class:`LinkError` (``PEER_NOT_PINNED``) when D's certificate names
-    none of ``pinned``, after telling D so in an ERROR frame.
-    """
-    with trio.move_on_after(CONNECT_TIMEOUT_S):
-        stream: trio.abc.Stream = await trio.open_tcp_stream(address.host, address.port)
-        if tls is None:
-            return stream
-        ssl_stream = trio.SSLStream(stream, client_context(tls), server_hostname=address.host)
-        try:
-            await ssl_stream.do_handshake()
-        except BaseException:
-            await trio.aclose_forcefully(stream)
-            raise
-        refusal = peer_name_refusal(ssl_stream.getpeercert(), pinned)
-        if refusal is None:
-            return ssl_stream
-        text = f"{site} refuses the link to {address}: {refusal}"
-        code = link.LinkErrorCode.PEER_NOT_PINNED
-        sender = link.LinkSender(link.SenderConfig(site, "", incarnation=0, epoch=0))
-        try:
-            with trio.move_on_after(CONNECT_TIMEOUT_S):
-                await ssl_stream.send_all(sender.send_error(int(code), text, retriable=False))
-        finally:  # also when cancelled meanwhile
-            await trio.aclose_forcefully(ssl_stream)
-        raise LinkError(text, code=int(code), retriable=False)
-    raise OSError(f"connect to {address} timed out")
 
 
 @dataclass(slots=True)

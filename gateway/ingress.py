@@ -44,7 +44,8 @@ from cluster.state.views import applied
 from cluster.tls import peer_name_refusal, tls_failure_text
 from gateway import resync as rs
 from gateway.admission import admit_event
-from gateway.egress import READ_BYTES, describe_error
+from gateway.egress import READ_BYTES
+from gateway.linkconnect import describe_error
 from gateway.linkstatus import LinkStatus
 from gateway.roles import SidecarRole
 from gateway.statistics import LinkSection, ingress_link_section

@@ -37,8 +37,9 @@ from cluster.tls import TlsFiles, server_context
 from cluster.webconfig import WebConfig
 from filters.matcher import RuleSet
 from gateway.capture import CaptureConfig, CaptureSink, capture_role
-from gateway.egress import Connector, Egress, open_link
+from gateway.egress import Connector, Egress
 from gateway.ingress import Ingress
+from gateway.linkconnect import open_link
 from gateway.roles import RoleSignal, SidecarRole, active_sidecar, role_of
 from gateway.ruleswatch import POLL_S as RULES_POLL_S
 from gateway.ruleswatch import RulesWatcher

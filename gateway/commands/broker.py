@@ -9,8 +9,8 @@ import signal
 import trio
 
 from cluster.node import BrokerConfig, BrokerNode
+from gateway.brokerconfig import load_broker_config
 from gateway.commands._service import configure_service, start_metrics, stop_on_signal
-from gateway.config import load_broker_config
 from gateway.logs import configure_logging
 
 NAME = "broker"

@@ -14,8 +14,9 @@ from cluster.bus import BusConfig
 from cluster.bus.auth import write_key_file
 from cluster.node import BrokerConfig
 from cluster.tls import TlsFiles
+from gateway.brokerconfig import load_broker_config
 from gateway.cli import main
-from gateway.config import load_broker_config, load_sidecar_config
+from gateway.config import load_sidecar_config
 from gateway.sidecar import SidecarConfig
 from lab.site import LAB_RULES
 from protocol.errors import ConfigError

@@ -18,8 +18,9 @@ import trio
 
 from cluster.addresses import Address
 from cluster.tls import TlsFiles, server_context
-from gateway.egress import Egress, open_link
+from gateway.egress import Egress
 from gateway.ingress import Ingress
+from gateway.linkconnect import open_link
 from gateway.metrics import families_from_snapshot
 from gateway.roles import RoleSignal, SidecarRole
 from gateway.sidecar import INSECURE_WARNING, Sidecar

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from gateway.egress import describe_error, link_error_in
+from gateway.linkconnect import describe_error, link_error_in
 from protocol.errors import DrgateError, LinkError
 
 

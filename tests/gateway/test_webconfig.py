@@ -11,7 +11,8 @@ import trustme
 from cluster.addresses import Address
 from cluster.bus.auth import write_key_file
 from cluster.tls import WebTls
-from gateway.config import load_broker_config, load_sidecar_config
+from gateway.brokerconfig import load_broker_config
+from gateway.config import load_sidecar_config
 from protocol.errors import ConfigError
 from tests.gateway.test_config import BROKER, sidecar, write
 
