@@ -59,7 +59,7 @@ from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
 from cluster.durability import JournalSettings, NodeJournal
 from cluster.member import BusOpener, NullObserver, SiteMember
 from cluster.state.model import SiteState
-from cluster.statistics import BusSection, NodeStatistics
+from cluster.statistics import BusSection, JournalSection, NodeStatistics
 from cluster.tls import TlsFiles, server_context
 from cluster.webconfig import WebConfig
 from protocol import cluster as pc
@@ -630,6 +630,20 @@ class BrokerNode(NullObserver):
             ),
             merge=dict(state.counters),
             last_error="" if self.quorate() else self.minority_refusal(),
+            journal=None if self.durability is None else self._journal_section(),
+        )
+
+    def _journal_section(self) -> JournalSection:
+        assert self.durability is not None
+        j = self.durability.statistics()
+        return JournalSection(
+            bytes=j.bytes_on_disk,
+            durable_cseq=j.durable_cseq,
+            last_checkpoint_cseq=j.last_checkpoint_cseq,
+            last_checkpoint_time=j.last_checkpoint_time or 0.0,
+            commits_total=j.commits,
+            fsync_seconds_total=j.fsync_seconds_total,
+            fsync_last_seconds=j.fsync_last_seconds,
         )
 
 

@@ -32,6 +32,19 @@ class StateTransferSection:
 
 
 @dataclass(frozen=True, slots=True)
+class JournalSection:
+    """A broker's journal (cluster/journal.py)."""
+
+    bytes: int  # on disk: checkpoint and segments
+    durable_cseq: int  # the highest cseq on disk
+    last_checkpoint_cseq: int
+    last_checkpoint_time: float  # Unix time; 0 before the first
+    commits_total: int
+    fsync_seconds_total: float
+    fsync_last_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class NodeStatistics:
     """One snapshot of a bus member: the constant labels, the bus, the state's counters.
 
@@ -48,3 +61,4 @@ class NodeStatistics:
     merge: Mapping[str, int]
     last_error: str
     state_transfer: StateTransferSection | None = None
+    journal: JournalSection | None = None

@@ -36,7 +36,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from cluster.statistics import NodeStatistics
+from cluster.statistics import JournalSection, NodeStatistics
 from gateway.roles import SidecarRole
 from gateway.statistics import (
     LinkSection,
@@ -195,6 +195,23 @@ _RESYNC_ROWS: tuple[_Row[ResyncSection], ...] = (
          lambda s: s.bytes_total),
 )  # fmt: skip
 
+_JOURNAL_ROWS: tuple[_Row[JournalSection], ...] = (
+    _Row("gauge", "drgate_journal_bytes", "Bytes of the broker's journal on disk",
+         lambda s: s.bytes),
+    _Row("gauge", "drgate_journal_durable_cseq", "The highest cseq in the journal on disk",
+         lambda s: s.durable_cseq),
+    _Row("gauge", "drgate_journal_last_checkpoint_cseq", "The cseq of the last checkpoint",
+         lambda s: s.last_checkpoint_cseq),
+    _Row("gauge", "drgate_journal_last_checkpoint_timestamp_seconds",
+         "Unix time of the last checkpoint (0: none yet)", lambda s: s.last_checkpoint_time),
+    _Row("counter", "drgate_journal_commits_total", "Group commits of the journal",
+         lambda s: s.commits_total),
+    _Row("counter", "drgate_journal_fsync_seconds_total", "Time spent in the journal's fdatasync",
+         lambda s: s.fsync_seconds_total),
+    _Row("gauge", "drgate_journal_fsync_last_seconds", "The last fdatasync's duration",
+         lambda s: s.fsync_last_seconds),
+)  # fmt: skip
+
 _RULES_ROWS: tuple[_Row[RulesSection], ...] = (
     _Row("gauge", "drgate_rules_version", "Version of the rules in force", lambda s: s.version),
     _Row("counter", "drgate_rules_reload_failures_total",
@@ -303,6 +320,9 @@ def families_from_snapshot(stats: NodeStatistics) -> list[Metric]:
             out.info(
                 "drgate_rules", "Digest of the rules in force", {"digest": sidecar.rules.digest}
             )
+
+    if stats.journal is not None:
+        out.rows(_JOURNAL_ROWS, stats.journal)
 
     if stats.state_transfer is not None:
         transfer = stats.state_transfer

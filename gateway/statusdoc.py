@@ -76,6 +76,7 @@ def status_document(
         "rules_reload_failures": rules.failed_reloads_total if rules else None,
         "bus": bus,
         "resync": resync,
+        "journal": None if stats.journal is None else dataclasses.asdict(stats.journal),
         "merge": dict(stats.merge),
         "last_error": stats.last_error,
     }

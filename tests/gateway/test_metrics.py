@@ -12,7 +12,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.state.model import COUNTERS
-from cluster.statistics import BusSection, NodeStatistics
+from cluster.statistics import BusSection, JournalSection, NodeStatistics
 from gateway import httpserver
 from gateway.commands import status as status_command
 from gateway.httpserver import ObservabilityServer, serve_http
@@ -274,6 +274,7 @@ def test_status_document_of_a_broker_field_for_field() -> None:
         "link_gaps_total": None,
         "link_refused_total": None,
         "superseded_by": None,
+        "journal": None,
         "rates": dict.fromkeys(doc["rates"]),
         "spool": dict.fromkeys(
             (
@@ -549,3 +550,24 @@ def test_render_shows_errors_in_rows() -> None:
     assert "unreachable: refused" in text
     assert "spool full" in text
     assert "800 B (80%)" in text
+
+
+def test_a_brokers_journal_is_in_the_metrics_and_the_status() -> None:
+    journal = JournalSection(
+        bytes=4096,
+        durable_cseq=77,
+        last_checkpoint_cseq=70,
+        last_checkpoint_time=1_700_000_000.0,
+        commits_total=12,
+        fsync_seconds_total=0.25,
+        fsync_last_seconds=0.002,
+    )
+    snapshot = replace(broker(), journal=journal)
+    s = scrape(snapshot)
+    at = {"process": "broker"}
+    assert value(s, "drgate_journal_bytes", **at) == 4096
+    assert value(s, "drgate_journal_durable_cseq", **at) == 77
+    assert value(s, "drgate_journal_commits_total", **at) == 12
+    assert value(s, "drgate_journal_fsync_last_seconds", **at) == pytest.approx(0.002)
+    assert status_document(snapshot, None)["journal"]["last_checkpoint_cseq"] == 70
+    assert not any(name.startswith("drgate_journal") for name, _ in scrape(broker()))
