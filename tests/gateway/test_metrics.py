@@ -564,7 +564,7 @@ def test_a_brokers_journal_is_in_the_metrics_and_the_status() -> None:
     )
     snapshot = replace(broker(), journal=journal)
     s = scrape(snapshot)
-    at = {"process": "broker"}
+    at = {"process": "broker", "site": "site-d", "node": "2"}
     assert value(s, "drgate_journal_bytes", **at) == 4096
     assert value(s, "drgate_journal_durable_cseq", **at) == 77
     assert value(s, "drgate_journal_commits_total", **at) == 12
