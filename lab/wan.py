@@ -116,18 +116,22 @@ class TokenBucket:
         self._last = trio.current_time()
 
     async def take(self, n: int) -> None:
-        """Wait until ``n`` (<= burst) bytes may go."""
+        """Wait until ``n`` bytes may go."""
         if self.rate <= 0:
             return
         async with self._lock:
             while True:
+                if self.rate <= 0:
+                    return  # the cap was lifted while this waited
                 now = trio.current_time()
                 self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
                 self._last = now
-                if self._tokens >= n:
+                # A piece larger than the burst goes once the bucket is full,
+                # and leaves it in debt: the average rate holds either way.
+                if self._tokens >= min(n, self.burst):
                     self._tokens -= n
                     return
-                await trio.sleep((n - self._tokens) / self.rate)
+                await trio.sleep((min(n, self.burst) - self._tokens) / self.rate)
 
 
 @dataclass

@@ -256,3 +256,19 @@ async def test_unreachable_target_resets_the_client() -> None:
         await s.aclose()
         assert wan.statistics()["target_failures"] == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_lifting_the_rate_cap_frees_a_waiting_writer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # "set rate_bps=0" while a connection waited for tokens used to divide by zero.
+    from lab.wan import TokenBucket
+
+    bucket = TokenBucket(100)
+    async with trio.open_nursery() as nursery:
+        # A piece larger than the burst (a whole read of the connection) waits.
+        nursery.start_soon(bucket.take, bucket.burst + 1000)
+        await trio.sleep(1)
+        bucket.set_rate(0)
+    with trio.fail_after(1):
+        await bucket.take(10**6)  # no cap: at once
