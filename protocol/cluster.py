@@ -679,7 +679,7 @@ class Replicated(_CommandBase):
 class ResyncStage(_CommandBase):
     """Piece ``index`` (from 0) of a resync snapshot of ``origin_cluster`` cut
     at its ``cut`` cseq: every member decodes it into a staging area no client
-    sees, and the ``ResyncApply`` that ends the resync installs it.  Piece 0
+    sees, and the ``ResyncCommit`` that ends the resync installs it.  Piece 0
     starts a new staging (dropping any unfinished one of that origin).
 
     ``records`` is a sequence of ``u32 length | bus frame`` records (see

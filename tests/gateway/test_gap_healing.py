@@ -5,6 +5,7 @@ every message once."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,43 @@ def primary(tmp_path: Path) -> tuple[MemberStandIn, Tap, Spool]:
     return member, tap, spool
 
 
+async def run_link(
+    tmp_path: Path,
+    p: MemberStandIn,
+    tap: Tap,
+    spool: Spool,
+    ingress: Ingress,
+    done: trio.Event,
+    *,
+    prepare: Callable[[Egress], None] = lambda egress: None,
+) -> Egress:
+    """P's real egress streaming ``spool`` to D's real ingress over in-memory
+    connections until ``done``; ``prepare`` sees the egress before it runs."""
+    async with trio.open_nursery() as nursery:
+
+        async def connect(address: Address) -> trio.abc.Stream:
+            ours, theirs = trio.testing.memory_stream_pair()
+            nursery.start_soon(ingress.handle, theirs)
+            return ours
+
+        config = sidecar_config(tmp_path / "p", primary=True, site="site-p", peer="site-d")
+        egress = Egress(
+            config,
+            p,  # type: ignore[arg-type]
+            tap,
+            spool=lambda: spool,
+            role=lambda: SidecarRole.EGRESS,
+            roles=RoleSignal(),
+            connect=connect,
+        )
+        prepare(egress)
+        nursery.start_soon(egress.serve)
+        with trio.fail_after(60):
+            await done.wait()
+        nursery.cancel_scope.cancel()
+    return egress
+
+
 async def test_a_hole_on_the_link_is_refused_by_d_and_healed_by_a_resync(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -81,23 +119,7 @@ async def test_a_hole_on_the_link_is_refused_by_d_and_healed_by_a_resync(
 
     monkeypatch.setattr(spool, "read_after", dropping)
 
-    async with trio.open_nursery() as nursery:
-
-        async def connect(address: Address) -> trio.abc.Stream:
-            ours, theirs = trio.testing.memory_stream_pair()
-            nursery.start_soon(ingress.handle, theirs)
-            return ours
-
-        config = sidecar_config(tmp_path / "p", primary=True, site="site-p", peer="site-d")
-        egress = Egress(
-            config,
-            p,  # type: ignore[arg-type]
-            tap,
-            spool=lambda: spool,
-            role=lambda: SidecarRole.EGRESS,
-            roles=RoleSignal(),
-            connect=connect,
-        )
+    def gap_healed(egress: Egress) -> None:
         gap_reported = egress._gap_reported
 
         def gap(address: str, text: str) -> None:
@@ -105,10 +127,8 @@ async def test_a_hole_on_the_link_is_refused_by_d_and_healed_by_a_resync(
             faulty[0] = False  # the fault is gone; the spool itself was whole
 
         monkeypatch.setattr(egress, "_gap_reported", gap)
-        nursery.start_soon(egress.serve)
-        with trio.fail_after(60):
-            await caught_up.wait()
-        nursery.cancel_scope.cancel()
+
+    egress = await run_link(tmp_path, p, tap, spool, ingress, caught_up, prepare=gap_healed)
 
     assert egress.gaps == 1
     assert ingress.link_statistics().gaps_total == 1
@@ -149,27 +169,7 @@ async def test_an_event_that_fails_to_apply_is_applied_later_never_dropped_as_a_
     (tmp_path / "d").mkdir()
     d_config = sidecar_config(tmp_path / "d", primary=False, site="site-d", peer="site-p")
     ingress = Ingress(d_config, d, role=lambda: SidecarRole.INGRESS, active=lambda: None)  # type: ignore[arg-type]
-    async with trio.open_nursery() as nursery:
-
-        async def connect(address: Address) -> trio.abc.Stream:
-            ours, theirs = trio.testing.memory_stream_pair()
-            nursery.start_soon(ingress.handle, theirs)
-            return ours
-
-        config = sidecar_config(tmp_path / "p", primary=True, site="site-p", peer="site-d")
-        egress = Egress(
-            config,
-            p,  # type: ignore[arg-type]
-            tap,
-            spool=lambda: spool,
-            role=lambda: SidecarRole.EGRESS,
-            roles=RoleSignal(),
-            connect=connect,
-        )
-        nursery.start_soon(egress.serve)
-        with trio.fail_after(60):
-            await caught_up.wait()
-        nursery.cancel_scope.cancel()
+    egress = await run_link(tmp_path, p, tap, spool, ingress, caught_up)
 
     assert failed[0] and egress.status.reconnects >= 1  # the link stopped once
     replicated = [c for c in d.applied if isinstance(c, pc.Replicated)]
