@@ -189,13 +189,7 @@ class CorosyncSite(Started):
         makes one: ``AUTHKEY_BYTES`` random bytes, mode 0400.  One key per site
         (every node's ``totem.keyfile`` names it); a key already there is kept."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(self.authkey_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
-        except FileExistsError:
-            return self.authkey_path
-        with os.fdopen(fd, "wb") as key:
-            key.write(os.urandom(AUTHKEY_BYTES))
-        return self.authkey_path
+        return ensure_key_file(self.authkey_path, AUTHKEY_BYTES)
 
     def corosync_conf(self, node: LabNode) -> str:
         """The node's corosync.conf (one key per line: corosync's parser wants it).
@@ -488,3 +482,15 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def ensure_key_file(path: Path, size: int) -> Path:
+    """``path`` holding ``size`` random bytes, mode 0400, made if absent (a key
+    already there is kept): the lab's corosync authkeys and bus keys."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+    except FileExistsError:
+        return path
+    with os.fdopen(fd, "wb") as key:
+        key.write(os.urandom(size))
+    return path

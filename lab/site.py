@@ -30,7 +30,7 @@ from typing import Any
 
 from lab.certs import SiteCert, make_site_certs
 from lab.lifetime import Started
-from lab.netns import CorosyncSite
+from lab.netns import CorosyncSite, ensure_key_file
 
 # A process that has not printed its ready line by then has failed to start.
 START_TIMEOUT_S = 60.0
@@ -158,13 +158,7 @@ class BrokerSite(Started):
         --bus`` makes one (``BUS_KEY_BYTES`` random bytes, mode 0400): the
         sequencer, every broker and sidecar of the site and the admin tools
         run on their configs read it.  A key already there is kept."""
-        try:
-            fd = os.open(self.bus_key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
-        except FileExistsError:
-            return self.bus_key_path
-        with os.fdopen(fd, "wb") as key:
-            key.write(os.urandom(BUS_KEY_BYTES))
-        return self.bus_key_path
+        return ensure_key_file(self.bus_key_path, BUS_KEY_BYTES)
 
     def broker_config(self, node: int) -> Path:
         if self.backend == "corosync":
