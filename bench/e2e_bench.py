@@ -87,6 +87,12 @@ def declare(two: TwoSites, queue: str) -> None:
     done = two.p.admin(1, "add-queue", queue, "--replicate", "enqueue")
     if done.returncode != 0:
         raise RuntimeError(f"declare {queue}: {done.stderr}")
+    # D's consumer attaches only once the replica is there.
+    deadline = time.monotonic() + 60
+    while not any(q["name"] == queue for q in two.d.describe(consumer_node(two))["queues"]):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{queue} did not reach D in 60 s")
+        time.sleep(0.2)  # polling other processes
 
 
 def egress_lag(two: TwoSites) -> float | None:
@@ -136,7 +142,9 @@ def step(two: TwoSites, queue: str, count: int, rate: float, tag: str) -> dict[s
         if rate:
             argv += ["--rate", str(rate / publishers_n)]
         publishers.append(two.p.client_popen(node, *argv))
-    accepted = sum(finish_client(p, timeout=600)["accepted"] for p in publishers)
+    published = [finish_client(p, timeout=600) for p in publishers]
+    accepted = sum(r["accepted"] for r in published)
+    errors = [r["error"] or r["first_rejection"] for r in published]
     published_s = time.monotonic() - start
     got = finish_client(consumer, timeout=600)
     delivered_s = time.monotonic() - start
@@ -154,6 +162,7 @@ def step(two: TwoSites, queue: str, count: int, rate: float, tag: str) -> dict[s
         "p99_ms": 1000 * lags[int(0.99 * (len(lags) - 1))] if lags else float("nan"),
         "egress_lag_max_s": lag_max,
         "publishers": publishers_n,
+        "errors": [r for r in (got.get("error"), *errors) if r],
     }
 
 
@@ -239,6 +248,11 @@ def cpu_burst(workdir: Path, nodes: int, count: int, profile: Path | None) -> di
         result = step(two, QUEUE, count, 0, "c")
         spent = meter.stop()
         files = profiler.stop() if profiler is not None else {}
+    if result["delivered"] < count:
+        raise RuntimeError(
+            f"the CPU burst delivered {result['delivered']} of {count} at D: "
+            f"{result['errors']}; logs in {workdir / label}"
+        )
     delivered = max(1, result["delivered"])
     by_role: dict[str, list[float]] = {}
     for name, seconds in spent.items():
