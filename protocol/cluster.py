@@ -155,6 +155,7 @@ class _Codec:
     meta_out: Callable[[Any], dict[str, Any]]
     tail_out: Callable[[Any], Body]
     build: Callable[[str, Any, memoryview], Any]
+    meta_in: Callable[[Any], dict[str, Any]]
 
 
 _CODECS: dict[int, _Codec] = {}
@@ -207,6 +208,9 @@ def _command(
         def meta_out(cmd: Any) -> dict[str, Any]:
             return {n: getattr(cmd, n) for n in names}
 
+        def meta_in(m: Any) -> dict[str, Any]:
+            return {n: m[n] if n not in convert else convert[n](m[n]) for n in names}
+
         def raw_tail(cmd: Any) -> Body:
             return b"" if tail is None else getattr(cmd, tail)
 
@@ -217,6 +221,7 @@ def _command(
             meta_out,
             raw_tail if tail_out is None else tail_out,
             build,
+            meta_in,
         )
         cls.KIND = kind
         if key is not None:
@@ -759,6 +764,48 @@ def encode_command(cmd: Command) -> tuple[int, bytes, bytes]:
     return int(codec.kind), key, META_LEN.pack(len(meta)) + meta + bytes(tail)
 
 
+def join_frames(
+    frames: Sequence[bytes], *, max_commands: int = MAX_COMMANDS_PER_FRAME, max_bytes: int = 0
+) -> list[bytes]:
+    """``frames`` joined, in order, into as few frames as hold at most
+    ``max_commands`` commands and (unless 0) ``max_bytes`` bytes each, without
+    decoding a command: the headers are added up and the indexes and data
+    concatenated.  A frame over the limits by itself is passed as it is.
+
+    The frames must be well formed (from :func:`encode_frame`, or checked by
+    :func:`scan_frame_untrusted`); raises :class:`LocalProtocolError` for one
+    whose header or index is cut short."""
+    joined: list[bytes] = []
+    indexes: list[bytes] = []
+    datas: list[bytes] = []
+    count = size = 0
+
+    def flush() -> None:
+        if indexes:
+            header = FRAME_HEADER.pack(VERSION, 0, count)
+            joined.append(b"".join([header, *indexes, *datas]))
+            indexes.clear()
+            datas.clear()
+
+    for frame in frames:
+        if len(frame) < FRAME_HEADER.size:
+            raise LocalProtocolError(f"not a bus frame: {len(frame)} bytes")
+        n = FRAME_HEADER.unpack_from(frame)[2]
+        index_end = FRAME_HEADER.size + n * INDEX_ENTRY.size
+        if len(frame) < index_end:
+            raise LocalProtocolError(f"bus frame of {n} commands cut short at {len(frame)} bytes")
+        body = len(frame) - FRAME_HEADER.size
+        if indexes and (count + n > max_commands or (max_bytes and size + body > max_bytes)):
+            flush()
+            count = size = 0
+        indexes.append(frame[FRAME_HEADER.size : index_end])
+        datas.append(frame[index_end:])
+        count += n
+        size += body
+    flush()
+    return joined
+
+
 def encode_frame(commands: Sequence[Command]) -> bytes:
     """One bus frame carrying ``commands`` in order."""
     if len(commands) > MAX_COMMANDS_PER_FRAME:
@@ -795,6 +842,21 @@ def decode_ref_untrusted(frame: bytes | memoryview, ref: CommandRef) -> Command:
     """The whole command that ``ref`` (from :func:`scan_frame_untrusted`) locates."""
     kind, key, size, offset = ref
     return _decode_one(kind, key, memoryview(frame)[offset : offset + size])
+
+
+def decode_head_untrusted(
+    frame: bytes | memoryview, ref: CommandRef
+) -> tuple[dict[str, Any], memoryview]:
+    """The meta fields (by attribute name, typed as the command's) and the
+    tail, undecoded, of the command ``ref`` locates: what a relay checks
+    without building the command's bulk (a ``Replicated``'s inner commands,
+    a body).  Fails only with :class:`RemoteProtocolError`."""
+    kind, key, size, offset = ref
+    codec, m, tail = _split_untrusted(kind, key, memoryview(frame)[offset : offset + size])
+    try:
+        return codec.meta_in(m), tail
+    except _DECODE_ERRORS as exc:
+        raise RemoteProtocolError(f"malformed {Kind(kind).name} command: {exc}") from exc
 
 
 def _check_header(view: memoryview) -> int:
@@ -878,6 +940,31 @@ _KINDS = frozenset(_CODECS)
 
 
 def _decode_one(kind: int, key: str, rest: memoryview) -> Command:
+    codec, m, tail = _split_untrusted(kind, key, rest)
+    try:
+        result: Command = codec.build(key, m, tail)
+        return result
+    except RemoteProtocolError:
+        raise
+    except _DECODE_ERRORS as exc:
+        raise RemoteProtocolError(f"malformed {Kind(kind).name} command: {exc}") from exc
+
+
+# What parsing a meta struct or building a command from it may raise on bad bytes.
+_DECODE_ERRORS = (
+    ConstructError,
+    struct.error,
+    UnicodeDecodeError,
+    ValueError,
+    KeyError,
+    IndexError,
+    OverflowError,
+    TypeError,
+)
+
+
+def _split_untrusted(kind: int, key: str, rest: memoryview) -> tuple[_Codec, Any, memoryview]:
+    """A command's codec, its parsed meta struct and its tail."""
     codec = _CODECS.get(kind)
     if codec is None:
         raise RemoteProtocolError(f"unknown bus command kind {kind}")
@@ -894,23 +981,11 @@ def _decode_one(kind: int, key: str, rest: memoryview) -> Command:
             f"truncated {Kind(kind).name} command: meta of {meta_len} bytes, "
             f"{len(rest) - META_LEN.size} present"
         )
-    tail = rest[meta_end:]
     try:
         m = codec.meta.parse(bytes(rest[META_LEN.size : meta_end]))
-        result: Command = codec.build(key, m, tail)
-        return result
-    except RemoteProtocolError:
-        raise
-    except (
-        ConstructError,
-        struct.error,
-        UnicodeDecodeError,
-        ValueError,
-        KeyError,
-        IndexError,
-        OverflowError,
-    ) as exc:
+    except _DECODE_ERRORS as exc:
         raise RemoteProtocolError(f"malformed {Kind(kind).name} command: {exc}") from exc
+    return codec, m, rest[meta_end:]
 
 
 # --------------------------------------------------------------------------
