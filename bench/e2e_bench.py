@@ -110,8 +110,12 @@ def egress_lag(two: TwoSites) -> float | None:
     return None
 
 
-def step(two: TwoSites, queue: str, count: int, rate: float, tag: str) -> dict[str, Any]:
-    """Publish ``count`` messages at ``rate``/s (0: unpaced) at P, consume them at D."""
+def step(
+    two: TwoSites, queue: str, count: int, rate: float, tag: str, publish_args: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Publish ``count`` messages at ``rate``/s (0: unpaced) at P, consume them
+    at D.  ``two`` may be any pair of sites with the same client surface
+    (bench/peer_rabbitmq.py passes its RabbitMQ pair)."""
     publishers_n = max(1, math.ceil(rate / PER_PUBLISHER)) if rate else 2
     share = count // publishers_n
     at = consumer_node(two)
@@ -138,7 +142,7 @@ def step(two: TwoSites, queue: str, count: int, rate: float, tag: str) -> dict[s
     for i in range(publishers_n):
         node = publisher_node(two, i)
         argv = ["publish", two.p.amqp[node], queue, "--count", str(share)]
-        argv += ["--prefix", f"{tag}{i}", "--stamp"]
+        argv += ["--prefix", f"{tag}{i}", "--stamp", *publish_args]
         if rate:
             argv += ["--rate", str(rate / publishers_n)]
         publishers.append(two.p.client_popen(node, *argv))
