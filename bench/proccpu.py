@@ -130,12 +130,18 @@ def _short(frame: str) -> str:
 Shares = list[tuple[str, float]]
 
 
-def summarize(path: Path, top: int = 12) -> tuple[int, Shares, Shares]:
-    """Samples, and the top functions by own and by cumulative share (%),
-    of a py-spy raw file (``frame;frame;... count`` per line, root first)."""
+# A sample whose innermost frame is one of these is the event loop waiting
+# for I/O (py-spy records it; the thread is mostly asleep in epoll_wait).
+IDLE_LEAVES = ("_io_epoll.py:EpollIOManager.get_events",)
+
+
+def summarize(path: Path, top: int = 12) -> tuple[int, int, Shares, Shares]:
+    """Samples, samples waiting in the event loop, and the top functions by
+    own and by cumulative share (%) of the other samples, of a py-spy raw
+    file (``frame;frame;... count`` per line, root first)."""
     own: collections.Counter[str] = collections.Counter()
     cumulative: collections.Counter[str] = collections.Counter()
-    total = 0
+    total = idle = 0
     for line in path.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
@@ -144,23 +150,27 @@ def summarize(path: Path, top: int = 12) -> tuple[int, Shares, Shares]:
         frames = [_short(f) for f in stack.split(";") if f and not f.startswith("process ")]
         if not frames:
             continue
+        if frames[-1].endswith(IDLE_LEAVES):
+            idle += count
+            continue
         total += count
         own[frames[-1]] += count
         for frame in set(frames):
             cumulative[frame] += count
     if not total:
-        return 0, [], []
+        return idle, idle, [], []
 
     def share(counter: collections.Counter[str]) -> Shares:
         return [(name, 100.0 * n / total) for name, n in counter.most_common(top)]
 
-    return total, share(own), share(cumulative)
+    return total + idle, idle, share(own), share(cumulative)
 
 
 def profile_table(name: str, path: Path, top: int = 12) -> str:
     """A markdown summary of one profile."""
-    total, own, cumulative = summarize(path, top)
-    lines = [f"#### {name} ({total} samples)", ""]
+    total, idle, own, cumulative = summarize(path, top)
+    busy = total - idle
+    lines = [f"#### {name}: {busy} busy samples of {total} ({idle} waiting in epoll left out)", ""]
     lines.append("| own % | function | | cumulative % | function |")
     lines.append("|---:|---|---|---:|---|")
     for i in range(max(len(own), len(cumulative))):
