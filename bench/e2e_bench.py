@@ -240,12 +240,15 @@ def cpu_burst(workdir: Path, nodes: int, count: int, profile: Path | None) -> di
         meter = CpuMeter({name: pid for name, (_role, pid) in roles.items()})
         profiler = None
         if profile is not None:
-            halves = {
-                "egress" if role == CPU_ROLES[2] else "ingress": pid
-                for role, pid in roles.values()
-                if role in (CPU_ROLES[2], CPU_ROLES[5])
+            # The two gateway halves, and for comparison the brokers at the ends.
+            names = {
+                CPU_ROLES[2]: "egress",
+                CPU_ROLES[5]: "ingress",
+                CPU_ROLES[0]: "P broker receiving the publishes",
+                CPU_ROLES[7]: "D broker serving the consumer",
             }
-            profiler = Profiler(halves, profile / f"{nodes}-node")
+            profiled = {names[role]: pid for role, pid in roles.values() if role in names}
+            profiler = Profiler(profiled, profile / f"{nodes}-node")
             if not profiler.start():
                 profiler = None
         meter.start()
@@ -395,7 +398,7 @@ def run_cpu(workdir: Path, args: argparse.Namespace) -> None:
             return
         for half, path in sorted(done["profiles"].items()):
             table = profile_table(f"{half}, {nodes} node(s) per site", path)
-            (args.profile / f"{half}-{nodes}-node.md").write_text(table + "\n")
+            (args.profile / f"{half.replace(' ', '-')}-{nodes}-node.md").write_text(table + "\n")
             print("\n" + table)
 
 
@@ -413,7 +416,7 @@ def main() -> int:
     parser.add_argument("--cpu-burst", type=int, default=CPU_BURST)
     parser.add_argument("--cpu-nodes", default="3,1", help="site sizes of the CPU bursts")
     parser.add_argument(
-        "--profile", type=Path, default=None, help="py-spy the egress and ingress into DIR"
+        "--profile", type=Path, default=None, help="py-spy egress, ingress, end brokers into DIR"
     )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="e2e-bench-"))
