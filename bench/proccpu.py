@@ -133,6 +133,7 @@ Shares = list[tuple[str, float]]
 # A sample whose innermost frame is one of these is the event loop waiting
 # for I/O (py-spy records it; the thread is mostly asleep in epoll_wait).
 IDLE_LEAVES = ("_io_epoll.py:EpollIOManager.get_events",)
+ROOT_SHARE = 0.9
 
 
 def summarize(path: Path, top: int = 12) -> tuple[int, int, Shares, Shares]:
@@ -163,6 +164,11 @@ def summarize(path: Path, top: int = 12) -> tuple[int, int, Shares, Shares]:
     def share(counter: collections.Counter[str]) -> Shares:
         return [(name, 100.0 * n / total) for name, n in counter.most_common(top)]
 
+    # The roots every busy sample runs under (runpy, the CLI, trio's run
+    # loop) say nothing: left out of the cumulative column.
+    for name, n in list(cumulative.items()):
+        if n >= ROOT_SHARE * total:
+            del cumulative[name]
     return total + idle, idle, share(own), share(cumulative)
 
 
