@@ -299,7 +299,7 @@ class Egress:
             return False
         if session.resync is not None:
             return session.sender.queued == 0
-        last = self._spool_now().statistics().last_seq
+        last = self._spool_now().last_seq  # not statistics(): this runs at every wake
         return last is not None and last > session.last_queued
 
     def _queue_events(self, session: _Session) -> None:

@@ -440,6 +440,11 @@ class Spool:
         return self._marks.floor
 
     @property
+    def last_seq(self) -> int | None:
+        """The seq of the last record appended (None: none); memory only."""
+        return self._segs.last_seq
+
+    @property
     def held_upto(self) -> int:
         """The spool holds every event in ``(floor, held_upto]``."""
         return max(self._marks.floor, self._segs.last_seq or 0)
@@ -456,18 +461,13 @@ class Spool:
     # --- reading ------------------------------------------------------------------
 
     def read_after(self, seq: int, max_bytes: int = 1 << 20) -> list[Event]:
-        """Events with a seq above ``seq`` (and above the ack watermark), in order; may block.
-
-        Returns at least one event when there is one, and stops before the
-        records' bytes (headers included) would pass ``max_bytes``.  An empty
-        list means nothing newer is spooled.  Raises :class:`SpoolCorruptError`
-        if a record read back fails its CRC.
-        """
+        """Events with a seq above ``seq`` (and the ack watermark), in order; may block.
+        At least one if there is one, and no more once their records' bytes would
+        pass ``max_bytes``.  :class:`SpoolCorruptError` if a record fails its CRC."""
         return self._segs.read_after(max(seq, self._marks.trimmed_upto), max_bytes)
 
     def lag(self, acked_seq: int) -> tuple[int, int | None]:
-        """(records above ``acked_seq`` and the watermark, time_us of the first), or
-        ``(0, None)``; reads at most one index interval of headers."""
+        """(records above ``acked_seq`` and the watermark, time_us of the first or None)."""
         return self._segs.count_after(max(acked_seq, self._marks.trimmed_upto))
 
     # --- statistics ---------------------------------------------------------------
