@@ -10,8 +10,8 @@ A HELLO from a primary this site was promoted over (R7) or from an
 incarnation D has not accepted is refused for good.
 
 Per connection, the reading loop feeds the sans-IO
-:class:`protocol.link.LinkReceiver` and hands decoded commands to an applier
-task through a bounded channel.  An event's payload is checked
+:class:`protocol.link.LinkReceiver` and hands the admitted events to an
+applier task through a bounded channel.  An event's payload is checked
 (:mod:`gateway.admission`) without decoding its inner commands and goes to
 D's bus as the bytes it came in: the applier multicasts the admitted frames
 with ``submit_frames_and_wait`` — several link batches that arrived
