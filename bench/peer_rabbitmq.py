@@ -80,9 +80,9 @@ def rabbit_missing() -> str | None:
     return None
 
 
-def pick_port(low: int = 20000, high: int = 40000) -> int:
-    """A free loopback port in [low, high): RabbitMQ's CLI tools take the
-    distribution port + 10000 for themselves, so it must stay below 55535."""
+def pick_port(low: int = 20000, high: int = 32000) -> int:
+    """A free loopback port in [low, high), below Linux's ephemeral range
+    (32768 up); RabbitMQ's CLI tools take the distribution port + 10000."""
     for _ in range(200):
         port = secrets.randbelow(high - low) + low
         with socket.socket() as s:
