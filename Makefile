@@ -11,7 +11,8 @@ STAMP  := $(VENV)/.installed
 DEB_PKGS := corosync prometheus libssl-dev gcc python3-dev iproute2 procps
 PYTEST_ARGS ?=
 
-.PHONY: demo test check-fast fuzz lint typecheck pytest deb venv clean bench-resync bench-journal
+.PHONY: demo test check-fast fuzz lint typecheck pytest deb venv clean bench-resync bench-journal \
+	bench-peer bench-cpu
 
 demo: deb $(STAMP)
 	$(VENV)/bin/drgate demo
@@ -71,3 +72,20 @@ bench-resync: $(STAMP)
 # with and without a checkpoint (bench/journal_bench.py; a few minutes).
 bench-journal: $(STAMP)
 	$(PY) bench/journal_bench.py
+
+# drgate side by side with RabbitMQ's shovel over the same WAN emulator, in one
+# run (bench/peer_rabbitmq.py; about 10 minutes).  It needs rabbitmq-server
+# (Debian 12, with its shovel and AMQP 1.0 plugins), which no test needs, so
+# neither this target nor `make deb` installs it.
+bench-peer: $(STAMP)
+	@dpkg-query -W -f='$${Status}' rabbitmq-server 2>/dev/null | grep -q "install ok installed" || \
+	  { echo "bench-peer needs rabbitmq-server; install it with:"; \
+	    echo "  sudo apt-get install -y --no-install-recommends rabbitmq-server"; exit 2; }
+	$(PY) bench/peer_rabbitmq.py
+
+# µs of CPU per delivered message of every process role, on sites of 3 and 1
+# node(s), and a py-spy profile of the egress and the ingress when py-spy is on
+# the PATH (bench/e2e_bench.py --cpu-only; docs/performance.md).
+PROFILE_DIR ?= /tmp/drgate-profile
+bench-cpu: $(STAMP)
+	$(PY) bench/e2e_bench.py --cpu-only --profile $(PROFILE_DIR)

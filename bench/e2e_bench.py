@@ -33,6 +33,17 @@ In the same run: the embedded bus's own delivery rate (bench/bus_bench.py's
 for the tap, since every command reaches the tap through the bus.  With
 ``--corosync`` (root) the corosync bus's rate as well.
 
+CPU per message per process (``--cpu``, or ``--cpu-only``): one unpaced burst
+of ``--cpu-burst`` messages on fresh sites of 3 and of 1 node(s) per site; the
+user + system CPU of every process (bench/proccpu.py, from /proc) over the
+messages delivered at D, by role: the P brokers the publishers are connected
+to, P's other brokers, the egress, the standby taps, the WAN emulator that
+carries the link, the ingress, D's standby sidecars, the D broker serving the
+consumer, D's other brokers, and each site's bus.  The client processes are
+not counted.  With ``--profile DIR`` and py-spy available (on the PATH or
+``PY_SPY=...``) a second burst runs with py-spy recording the egress and the
+ingress, and the top functions are printed (and written to DIR).
+
 Metrics cost: one burst of unpaced publishes on fresh sites with
 metrics off and on (``TwoSites(metrics=False|True)``); the ratio of delivered/s
 on to off.  Target >= 0.95.  One burst each is noisy on a shared machine:
@@ -57,6 +68,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from proccpu import CpuMeter, Profiler, profile_table  # noqa: E402
+
 from lab.site import TwoSites, finish_client  # noqa: E402
 
 LOADS = [50, 100, 200, 500, 1000, 2000, 4000, 8000]
@@ -66,6 +79,7 @@ PER_PUBLISHER = 750
 SATURATED_SHARE = 0.9
 SATURATED_P99_S = 5.0
 BURST = 4000
+CPU_BURST = 8000
 QUEUE = "q-enq"
 
 
@@ -73,6 +87,12 @@ def declare(two: TwoSites, queue: str) -> None:
     done = two.p.admin(1, "add-queue", queue, "--replicate", "enqueue")
     if done.returncode != 0:
         raise RuntimeError(f"declare {queue}: {done.stderr}")
+    # D's consumer attaches only once the replica is there.
+    deadline = time.monotonic() + 60
+    while not any(q["name"] == queue for q in two.d.describe(consumer_node(two))["queues"]):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{queue} did not reach D in 60 s")
+        time.sleep(0.2)  # polling other processes
 
 
 def egress_lag(two: TwoSites) -> float | None:
@@ -90,12 +110,17 @@ def egress_lag(two: TwoSites) -> float | None:
     return None
 
 
-def step(two: TwoSites, queue: str, count: int, rate: float, tag: str) -> dict[str, Any]:
-    """Publish ``count`` messages at ``rate``/s (0: unpaced) at P, consume them at D."""
+def step(
+    two: TwoSites, queue: str, count: int, rate: float, tag: str, publish_args: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Publish ``count`` messages at ``rate``/s (0: unpaced) at P, consume them
+    at D.  ``two`` may be any pair of sites with the same client surface
+    (bench/peer_rabbitmq.py passes its RabbitMQ pair)."""
     publishers_n = max(1, math.ceil(rate / PER_PUBLISHER)) if rate else 2
     share = count // publishers_n
+    at = consumer_node(two)
     consumer = two.d.client_popen(
-        2, "consume", two.d.amqp[2], queue, "--count", str(share * publishers_n),
+        at, "consume", two.d.amqp[at], queue, "--count", str(share * publishers_n),
         "--idle", "60", "--credit", "500",
     )  # fmt: skip
     time.sleep(1.0)  # let the consumer attach before the clock starts (it costs ~1 s to start)
@@ -115,13 +140,15 @@ def step(two: TwoSites, queue: str, count: int, rate: float, tag: str) -> dict[s
     start = time.monotonic()
     publishers = []
     for i in range(publishers_n):
-        node = two.nodes[i % len(two.nodes)]
+        node = publisher_node(two, i)
         argv = ["publish", two.p.amqp[node], queue, "--count", str(share)]
-        argv += ["--prefix", f"{tag}{i}", "--stamp"]
+        argv += ["--prefix", f"{tag}{i}", "--stamp", *publish_args]
         if rate:
             argv += ["--rate", str(rate / publishers_n)]
         publishers.append(two.p.client_popen(node, *argv))
-    accepted = sum(finish_client(p, timeout=600)["accepted"] for p in publishers)
+    published = [finish_client(p, timeout=600) for p in publishers]
+    accepted = sum(r["accepted"] for r in published)
+    errors = [r["error"] or r["first_rejection"] for r in published]
     published_s = time.monotonic() - start
     got = finish_client(consumer, timeout=600)
     delivered_s = time.monotonic() - start
@@ -139,7 +166,138 @@ def step(two: TwoSites, queue: str, count: int, rate: float, tag: str) -> dict[s
         "p99_ms": 1000 * lags[int(0.99 * (len(lags) - 1))] if lags else float("nan"),
         "egress_lag_max_s": lag_max,
         "publishers": publishers_n,
+        "errors": [r for r in (got.get("error"), *errors) if r],
     }
+
+
+def consumer_node(two: TwoSites) -> int:
+    """D's node the consumer attaches to: node 2 (node 1 on a one-node site)."""
+    return two.nodes[min(1, len(two.nodes) - 1)]
+
+
+def publisher_node(two: TwoSites, i: int) -> int:
+    """P's node publisher ``i`` sends to."""
+    return two.nodes[i % len(two.nodes)]
+
+
+def sidecar_role(two: TwoSites, cluster: str, n: int) -> str:
+    with urllib.request.urlopen(two.status_url(cluster, n), timeout=5) as r:
+        return str(json.load(r).get("role"))
+
+
+# The process roles of the CPU table, in the order printed.
+CPU_ROLES = [
+    "P broker receiving the publishes",
+    "P broker, apply only",
+    "P egress sidecar",
+    "P standby tap",
+    "WAN emulator (all)",
+    "D ingress sidecar",
+    "D standby sidecar",
+    "D broker serving the consumer",
+    "D broker, apply only",
+    "P bus",
+    "D bus",
+]
+
+
+def process_roles(two: TwoSites) -> dict[str, tuple[str, int]]:
+    """Every process of the two sites: its label -> (role, pid)."""
+    publishing = {publisher_node(two, i) for i in range(2)}
+    roles: dict[str, tuple[str, int]] = {}
+    for site, tag in ((two.p, "P"), (two.d, "D")):
+        for name, proc in site.procs.items():
+            if name == "bus":
+                role = f"{tag} bus"
+            elif name.startswith("wan-"):
+                role = "WAN emulator (all)"
+            elif name.startswith("broker-"):
+                n = int(name.split("-")[1])
+                if tag == "P":
+                    role = CPU_ROLES[0] if n in publishing else CPU_ROLES[1]
+                else:
+                    role = CPU_ROLES[7] if n == consumer_node(two) else CPU_ROLES[8]
+            else:
+                live = sidecar_role(two, site.cluster, int(name.split("-")[1]))
+                role = {
+                    "egress": CPU_ROLES[2],
+                    "standby": CPU_ROLES[3],
+                    "ingress": CPU_ROLES[5],
+                    "ingress-standby": CPU_ROLES[6],
+                }.get(live, f"{tag} sidecar ({live})")
+            roles[f"{tag}:{name}"] = (role, proc.pid)
+    return roles
+
+
+def cpu_burst(workdir: Path, nodes: int, count: int, profile: Path | None) -> dict[str, Any]:
+    """One unpaced burst of ``count`` on fresh sites of ``nodes`` per site:
+    delivered/s and µs CPU per delivered message of each process role;
+    with ``profile``, py-spy records the egress and the ingress meanwhile."""
+    label = f"cpu-{nodes}{'-profile' if profile else ''}"
+    with TwoSites(nodes=nodes, delay_ms=25, metrics=True, workdir=workdir / label) as two:
+        declare(two, QUEUE)
+        roles = process_roles(two)
+        meter = CpuMeter({name: pid for name, (_role, pid) in roles.items()})
+        profiler = None
+        if profile is not None:
+            # The two gateway halves, and for comparison the brokers at the ends.
+            names = {
+                CPU_ROLES[2]: "egress",
+                CPU_ROLES[5]: "ingress",
+                CPU_ROLES[0]: "P broker receiving the publishes",
+                CPU_ROLES[7]: "D broker serving the consumer",
+            }
+            profiled = {names[role]: pid for role, pid in roles.values() if role in names}
+            profiler = Profiler(profiled, profile / f"{nodes}-node")
+            if not profiler.start():
+                profiler = None
+        meter.start()
+        result = step(two, QUEUE, count, 0, "c")
+        spent = meter.stop()
+        files = profiler.stop() if profiler is not None else {}
+    if result["delivered"] < count:
+        raise RuntimeError(
+            f"the CPU burst delivered {result['delivered']} of {count} at D: "
+            f"{result['errors']}; logs in {workdir / label}"
+        )
+    delivered = max(1, result["delivered"])
+    by_role: dict[str, list[float]] = {}
+    for name, seconds in spent.items():
+        by_role.setdefault(roles[name][0], []).append(1e6 * seconds / delivered)
+    return {
+        "nodes": nodes,
+        "delivered": result["delivered"],
+        "delivered_per_s": result["delivered_per_s"],
+        "us_per_message": by_role,
+        "total_us": sum(sum(v) for v in by_role.values()),
+        "profiles": files,
+    }
+
+
+def print_cpu(results: list[dict[str, Any]]) -> None:
+    """The µs CPU per message table, one column per site size."""
+    header = f"{'process role (µs CPU / message delivered at D)':<46}"
+    header += "".join(f"{str(r['nodes']) + ' node(s)/site':>26}" for r in results)
+    print("\n" + header)
+    roles = list(CPU_ROLES)
+    for r in results:
+        roles += [k for k in r["us_per_message"] if k not in roles]
+    for role in roles:
+        cells = []
+        for r in results:
+            values = r["us_per_message"].get(role)
+            if not values:
+                cells.append("—")
+            elif len(values) == 1:
+                cells.append(f"{values[0]:.0f}")
+            else:
+                cells.append(" / ".join(f"{v:.0f}" for v in sorted(values)) + " each")
+        print(f"{role:<46}" + "".join(f"{c:>26}" for c in cells))
+    print(f"{'all processes':<46}" + "".join(f"{r['total_us']:>26.0f}" for r in results))
+    print(
+        f"{'burst delivered/s at D':<46}"
+        + "".join(f"{r['delivered_per_s']:>26.0f}" for r in results)
+    )
 
 
 def bus_ceiling(backend: str, count: int) -> float:
@@ -223,6 +381,27 @@ def resync_rate(workdir: Path, count: int) -> dict[str, float]:
         two.stop()
 
 
+def run_cpu(workdir: Path, args: argparse.Namespace) -> None:
+    sizes = [int(n) for n in args.cpu_nodes.split(",")]
+    results = []
+    for nodes in sizes:
+        print(f"CPU burst of {args.cpu_burst}, {nodes} node(s) per site ...", flush=True)
+        results.append(cpu_burst(workdir, nodes, args.cpu_burst, None))
+    print_cpu(results)
+    if args.profile is None:
+        return
+    for nodes in sizes:
+        print(f"\nprofile burst, {nodes} node(s) per site (py-spy) ...", flush=True)
+        done = cpu_burst(workdir, nodes, args.cpu_burst, args.profile)
+        if not done["profiles"]:
+            print("  no profile: py-spy not found (PATH or PY_SPY=...)")
+            return
+        for half, path in sorted(done["profiles"].items()):
+            table = profile_table(f"{half}, {nodes} node(s) per site", path)
+            (args.profile / f"{half.replace(' ', '-')}-{nodes}-node.md").write_text(table + "\n")
+            print("\n" + table)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--step", type=float, default=8.0, help="seconds per load step")
@@ -232,8 +411,19 @@ def main() -> int:
     parser.add_argument(
         "--resync", type=int, default=100_000, help="messages queued at P for the resync rate"
     )
+    parser.add_argument("--cpu", action="store_true", help="also CPU per message per process")
+    parser.add_argument("--cpu-only", action="store_true", help="only the CPU bursts")
+    parser.add_argument("--cpu-burst", type=int, default=CPU_BURST)
+    parser.add_argument("--cpu-nodes", default="3,1", help="site sizes of the CPU bursts")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="py-spy egress, ingress, end brokers into DIR"
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="e2e-bench-"))
+    if args.cpu or args.cpu_only:
+        run_cpu(workdir, args)
+        if args.cpu_only:
+            return 0
 
     print("embedded bus ceiling (3 members, 200 B) ...", flush=True)
     ceiling = {"embedded": bus_ceiling("embedded", 20000)}

@@ -9,7 +9,11 @@ nothing changes the local state directly.  Two tasks make a member:
 * the *multicaster* takes commands from one bounded channel, batches them
   into frames (:data:`FRAME_MAX_COMMANDS`, :data:`FRAME_MAX_BYTES`) and awaits
   the bus's backpressure.  :meth:`SiteMember.submit` waits for room in the
-  channel, so a slow bus stops whoever submits;
+  channel, so a slow bus stops whoever submits.  Frames encoded elsewhere
+  (D's ingress relays the events P encoded) go through the same channel as
+  they are, joined but never decoded
+  (:meth:`SiteMember.submit_frames_and_wait`): every member decodes what it
+  applies anyway;
 * the *applier* reads the bus stream in agreed order and applies each command
   to the state (:func:`cluster.state.apply`), then tells the
   :class:`MemberObserver` (the broker, the sidecar) what was applied, in
@@ -132,6 +136,15 @@ class NullObserver:
 
 
 @dataclass(frozen=True, slots=True)
+class _Encoded:
+    """A bus frame encoded elsewhere, multicast as it is, alone; ``done``, if
+    any, is set once it has come back on the bus and been applied here."""
+
+    frame: bytes
+    done: trio.Event | None
+
+
+@dataclass(frozen=True, slots=True)
 class _Barrier:
     """Marks a point in the command channel; ``event`` is set once every
     command before it has come back on the bus and been applied here."""
@@ -173,7 +186,9 @@ class SiteMember:
         self.membership: Membership | None = None
         self.ready = trio.Event()
         self._observer = observer
-        self._send, self._receive = trio.open_memory_channel[pc.Command | _Barrier](COMMAND_QUEUE)
+        self._send, self._receive = trio.open_memory_channel[pc.Command | _Barrier | _Encoded](
+            COMMAND_QUEUE
+        )
         # What post() could not put in the channel (bounds: module docstring).
         self._spill: collections.deque[pc.Command] = collections.deque()
         self._buffer: list[Delivery | ViewChange] | None = []
@@ -224,6 +239,23 @@ class SiteMember:
         await self._send.send(barrier)
         await barrier.event.wait()
 
+    async def submit_frames_and_wait(self, frames: Sequence[bytes]) -> None:
+        """Multicast the commands of ``frames`` (encoded bus frames, e.g.
+        admitted link events), in order, without decoding them, and wait until
+        they have come back on the bus and been applied here.  They are joined
+        into bus frames of at most :data:`FRAME_MAX_COMMANDS` commands and
+        :data:`FRAME_MAX_BYTES` bytes; each member decodes them when it
+        applies them, and skips a frame that does not decode, as any other.
+        The frames must be well formed as far as the scan goes
+        (:func:`protocol.cluster.scan_frame_untrusted`)."""
+        joined = pc.join_frames(frames, max_commands=FRAME_MAX_COMMANDS, max_bytes=FRAME_MAX_BYTES)
+        if not joined:
+            return
+        done = trio.Event()
+        for i, frame in enumerate(joined):
+            await self._send.send(_Encoded(frame, done if i == len(joined) - 1 else None))
+        await done.wait()
+
     def post(self, cmd: pc.Command) -> None:
         """Queue a command for multicast without ever waiting (for the
         applier's hooks, and anyone who must not wait): into the channel when
@@ -239,18 +271,25 @@ class SiteMember:
         except trio.WouldBlock:
             self._spill.append(cmd)
 
-    def _next_nowait(self) -> pc.Command | _Barrier:
+    def _next_nowait(self) -> pc.Command | _Barrier | _Encoded:
         """The next command to multicast: the spill first; WouldBlock if none."""
         if self._spill:
             return self._spill.popleft()
         return self._receive.receive_nowait()
 
     async def _multicaster(self, member: BusMember) -> None:
+        carried: pc.Command | _Barrier | _Encoded | None = None  # taken, not yet sent
         while True:
-            try:
-                item = self._next_nowait()
-            except trio.WouldBlock:
-                item = await self._receive.receive()
+            if carried is not None:
+                item, carried = carried, None
+            else:
+                try:
+                    item = self._next_nowait()
+                except trio.WouldBlock:
+                    item = await self._receive.receive()
+            if isinstance(item, _Encoded):
+                await self._multicast(member, item.frame, [] if item.done is None else [item.done])
+                continue
             batch: list[pc.Command] = []
             barriers: list[trio.Event] = []
             size = 0
@@ -266,10 +305,16 @@ class SiteMember:
                     item = self._next_nowait()
                 except trio.WouldBlock:
                     break
-            self._frames_sent += 1
-            if barriers:
-                self._barrier_events[self._frames_sent] = barriers
-            await member.multicast(pc.encode_frame(batch))
+                if isinstance(item, _Encoded):
+                    carried = item  # the batch before it goes first
+                    break
+            await self._multicast(member, pc.encode_frame(batch), barriers)
+
+    async def _multicast(self, member: BusMember, frame: bytes, barriers: list[trio.Event]) -> None:
+        self._frames_sent += 1
+        if barriers:
+            self._barrier_events[self._frames_sent] = barriers
+        await member.multicast(frame)
 
     # ------------------------------------------------------------------
     # The stream

@@ -288,7 +288,7 @@ class Egress:
         if session.resync is not None:
             waiting = session.resync.exhausted and self._durable_limit() < session.resync.plan.cut
             return session.sender.queued == 0 and not waiting
-        last = self._spool_now().statistics().last_seq
+        last = self._spool_now().last_seq  # not statistics(): this runs at every wake
         return last is not None and min(last, self._durable_limit()) > session.last_queued
 
     def _durable_limit(self) -> int:

@@ -16,14 +16,17 @@ carries one of the pinned names (``tls.peer_names``); if not, the egress
 gets an ERROR frame (``PEER_NOT_PINNED``) and the connection closes.
 
 Per connection, the reading loop feeds the sans-IO
-:class:`protocol.link.LinkReceiver` and hands decoded commands to an applier
-task through a bounded channel.  The applier multicasts them into D's bus
-with ``submit_and_wait`` — several link batches that arrived meanwhile in
-one round trip — and acks a seq only once D's bus has applied it (apply,
-then ack).  After an ack the applier cancels the loop's wait for bytes, so
-the ack goes out at once.  A resync's chunks go through D's bus as
-``ResyncStage`` pieces, each acked once staged, and RESYNC_END as the
-``ResyncCommit`` that installs them at one point of D's stream.
+:class:`protocol.link.LinkReceiver` and hands the admitted events to an
+applier task through a bounded channel.  An event's payload is checked
+(:mod:`gateway.admission`) without decoding its inner commands and goes to
+D's bus as the bytes it came in: the applier multicasts the admitted frames
+with ``submit_frames_and_wait`` — several link batches that arrived
+meanwhile in one round trip, joined into bus frames — and acks a seq only
+once D's bus has applied it (apply, then ack).  After an ack the applier
+cancels the loop's wait for bytes, so the ack goes out at once.  A
+resync's chunks go through D's bus as ``ResyncStage`` pieces, each acked
+once staged, and RESYNC_END as the ``ResyncCommit`` that installs them at
+one point of D's stream.
 """
 
 from __future__ import annotations
@@ -58,8 +61,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("drgate.sidecar")
 
-# The most replicated commands D's ingress hands its bus in one round trip
-# (several link batches that arrived while the previous round trip ran).
+# The most events D's ingress hands its bus in one round trip (several link
+# batches that arrived while the previous round trip ran).
 INGRESS_BATCH_COMMANDS = 2000
 # Link batches decoded and waiting for the applier: the bound that makes a
 # slow D bus backpressure the link (the receiver then stops reading).
@@ -72,10 +75,9 @@ IDLE_WAIT_S = 1.0
 # says nothing does not hold a connection.
 HANDSHAKE_TIMEOUT_S = 10.0
 
-# (the last seq it holds, or a resync piece's index; its commands)
-_Work = tuple[int, list[pc.Command]]
-# Work that goes through D's bus alone: a resync's pieces and its commit.
-_ALONE = (pc.ResyncStage, pc.ResyncCommit)
+# (the last seq it holds, or a resync piece's index; the admitted events'
+# bus frames, or a resync's piece or commit, which goes through D's bus alone)
+_Work = tuple[int, list[bytes] | pc.ResyncStage | pc.ResyncCommit]
 
 
 class Ingress:
@@ -382,9 +384,9 @@ class _Connection:
             elif isinstance(ev, link.ResyncBegin):
                 self._resync_begin(ev)
             elif isinstance(ev, link.ResyncChunk):
-                await self.to_apply_send.send((ev.index, [self._resync_piece(ev)]))
+                await self.to_apply_send.send((ev.index, self._resync_piece(ev)))
             elif isinstance(ev, link.ResyncEnd):
-                await self.to_apply_send.send((ev.cut_seq, [self._resync_commit(ev)]))
+                await self.to_apply_send.send((ev.cut_seq, self._resync_commit(ev)))
             elif isinstance(ev, link.EventsReceived):
                 await self._events_received(ev)
             elif isinstance(ev, link.PeerError):
@@ -437,10 +439,10 @@ class _Connection:
     async def _events_received(self, ev: link.EventsReceived) -> None:
         hello = self.receiver.hello
         assert hello is not None
-        commands: list[pc.Command] = []
+        frames: list[bytes] = []
         for event in ev.events:
             try:
-                commands.append(admit_event(hello, event))
+                frames.append(admit_event(hello, event))
             except RemoteProtocolError as exc:
                 self.ingress.refused_events += 1
                 log.error(
@@ -450,24 +452,26 @@ class _Connection:
                     exc,
                 )
                 raise
-        if commands:
-            await self.to_apply_send.send((ev.events[-1].seq, commands))
+        if frames:
+            await self.to_apply_send.send((ev.events[-1].seq, frames))
 
     async def _applier(self) -> None:
         """Apply, then ack: each seq is acked once D's bus applied it."""
+        member = self.ingress.member
         async for first in self.to_apply:
-            for seq, commands in self._gather(first):
-                await self.ingress.member.submit_and_wait(*commands)
-                head = commands[0]
-                if isinstance(head, pc.ResyncStage):
-                    self.ingress.check_piece_staged(head)
+            for seq, work in self._gather(first):
+                if isinstance(work, list):
+                    await member.submit_frames_and_wait(work)
+                    self._check_applied(seq)
+                    self.ingress.ingested += len(work)
+                elif isinstance(work, pc.ResyncStage):
+                    await member.submit_and_wait(work)
+                    self.ingress.check_piece_staged(work)
                     self.receiver.ack_chunk()
                     continue
-                if isinstance(head, pc.ResyncCommit):
-                    self.ingress.check_resync_applied(head)
                 else:
-                    self._check_applied(seq)
-                    self.ingress.ingested += len(commands)
+                    await member.submit_and_wait(work)
+                    self.ingress.check_resync_applied(work)
                 self.receiver.ack(seq)
             if self.reading is not None:
                 self.reading.cancel()
@@ -489,20 +493,21 @@ class _Connection:
 
     def _gather(self, first: _Work) -> list[_Work]:
         """``first`` and what else has arrived, to go through D's bus in one
-        round trip (one wait, one ack); a resync snapshot goes alone."""
-        last_seq, commands = first[0], list(first[1])
-        if isinstance(commands[0], _ALONE):
-            return [(last_seq, commands)]
-        while len(commands) < INGRESS_BATCH_COMMANDS:
+        round trip (one wait, one ack); a resync's piece or commit goes alone."""
+        last_seq, work = first
+        if not isinstance(work, list):
+            return [first]
+        frames = list(work)
+        while len(frames) < INGRESS_BATCH_COMMANDS:
             try:
                 seq, more = self.to_apply.receive_nowait()
             except trio.WouldBlock:
                 break
-            if isinstance(more[0], _ALONE):
-                return [(last_seq, commands), (seq, more)]
-            commands.extend(more)
+            if not isinstance(more, list):
+                return [(last_seq, frames), (seq, more)]
+            frames.extend(more)
             last_seq = seq
-        return [(last_seq, commands)]
+        return [(last_seq, frames)]
 
 
 def _peer_address(stream: trio.abc.Stream) -> str:

@@ -39,7 +39,9 @@ events.
 
 *Trimming.*  :meth:`Spool.trim` moves the ack watermark: every segment whose
 last seq is at or below it is deleted whole; records at or below it in the
-head segment stay on disk but are never read again.
+head segment stay on disk but are never read again.  The watermark is
+persisted before a segment goes and at close, not at every ack: after a crash
+the spool replays from an older one records D skips as applied.
 
 *Overflow.*  The spool is bounded by ``max_bytes`` and never blocks the
 producer: a write that would pass the bound first deletes the OLDEST segments
@@ -118,10 +120,7 @@ DISK_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.E
 
 
 class Spool:
-    """The on-disk spool.  Open with :meth:`open`; close with :meth:`close`.
-
-    See the module docstring for the format and the guarantees.
-    """
+    """The on-disk spool (module docstring).  Open with :meth:`open`; close with :meth:`close`."""
 
     def __init__(self, directory: Path, *, max_bytes: int, segment_bytes: int, fsync: FsyncPolicy):
         # Use Spool.open(); this only sets fields.
@@ -137,6 +136,7 @@ class Spool:
         self._write_errors = 0
         self._failing = False  # in a disk outage (logged once)
         self._state_unsaved = False  # the marks changed and could not be persisted
+        self._trim_unsaved = False  # trim moved the watermark; not persisted yet
 
     @property
     def _segs(self) -> SegmentSet:
@@ -172,9 +172,7 @@ class Spool:
         if segment_bytes < sf.PREAMBLE_SIZE + sf.HEADER_SIZE:
             raise ValueError(f"segment_bytes={segment_bytes} is too small")
         if max_bytes < 2 * segment_bytes:
-            raise ValueError(
-                f"max_bytes={max_bytes} must be at least twice segment_bytes={segment_bytes}"
-            )
+            raise ValueError(f"max_bytes={max_bytes} is below twice segment_bytes={segment_bytes}")
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         policy = FsyncPolicy(fsync)
@@ -191,6 +189,8 @@ class Spool:
 
     def close(self) -> None:
         """Flush (per policy) and release the directory.  Idempotent."""
+        if self._log is not None and self._trim_unsaved:
+            self._try_save_state()
         log_, self._log = self._log, None
         try:
             if log_ is not None:
@@ -259,7 +259,7 @@ class Spool:
         sync = segs.fdatasync if self.fsync is not FsyncPolicy.NEVER else None
         ss.save_state(self.directory, self._marks, sync)
         segs.sync_dir()
-        self._state_unsaved = False
+        self._state_unsaved = self._trim_unsaved = False
 
     def _try_save_state(self) -> bool:
         """Persist the marks; on a disk failure, count it and retry after the next write."""
@@ -394,6 +394,8 @@ class Spool:
                     "max_bytes=%d action=D-needs-resync",
                     *(seg.path.name, seg.first_seq, seg.last_seq, self.max_bytes),
                 )
+            elif self._trim_unsaved:
+                self._save_state()  # the watermark that lets this segment go
             segs.drop_head()
             dropped = True
         if dropped:
@@ -405,14 +407,16 @@ class Spool:
         """D applied every event up to ``upto_seq``: raise the watermark; may block.
 
         Deletes every segment whose last seq is at or below it (the active one
-        too: the next append starts a new segment), once the watermark is
-        persisted.  Returns how many segments were deleted.  A lower
+        too), once the watermark is persisted; returns how many.  A lower
         ``upto_seq`` than the current watermark is ignored.
         """
         if upto_seq <= self._marks.trimmed_upto:
             return 0
         self._marks.trimmed_upto = upto_seq
         self._marks.floor = max(self._marks.floor, upto_seq)
+        if not self._segs.segments or self._segs.segments[0].last_seq > upto_seq:
+            self._trim_unsaved = True  # nothing to delete: saved later (module docstring)
+            return 0
         if not self._try_save_state():
             return 0
         return self._delete_acked()
@@ -422,8 +426,7 @@ class Spool:
         self.trim(upto_seq)
 
     def _delete_acked(self) -> int:
-        segs = self._segs
-        deleted = 0
+        segs, deleted = self._segs, 0
         while segs.segments and segs.segments[0].last_seq <= self._marks.trimmed_upto:
             segs.drop_head()
             deleted += 1
@@ -435,6 +438,11 @@ class Spool:
     def floor(self) -> int:
         """Every event with a seq above this is in the spool."""
         return self._marks.floor
+
+    @property
+    def last_seq(self) -> int | None:
+        """The seq of the last record appended (None: none); memory only."""
+        return self._segs.last_seq
 
     @property
     def held_upto(self) -> int:
@@ -453,18 +461,13 @@ class Spool:
     # --- reading ------------------------------------------------------------------
 
     def read_after(self, seq: int, max_bytes: int = 1 << 20) -> list[Event]:
-        """Events with a seq above ``seq`` (and above the ack watermark), in order; may block.
-
-        Returns at least one event when there is one, and stops before the
-        records' bytes (headers included) would pass ``max_bytes``.  An empty
-        list means nothing newer is spooled.  Raises :class:`SpoolCorruptError`
-        if a record read back fails its CRC.
-        """
+        """Events with a seq above ``seq`` (and the ack watermark), in order; may block.
+        At least one if there is one, and no more once their records' bytes would
+        pass ``max_bytes``.  :class:`SpoolCorruptError` if a record fails its CRC."""
         return self._segs.read_after(max(seq, self._marks.trimmed_upto), max_bytes)
 
     def lag(self, acked_seq: int) -> tuple[int, int | None]:
-        """(records above ``acked_seq`` and the watermark, time_us of the first), or
-        ``(0, None)``; reads at most one index interval of headers."""
+        """(records above ``acked_seq`` and the watermark, time_us of the first or None)."""
         return self._segs.count_after(max(acked_seq, self._marks.trimmed_upto))
 
     # --- statistics ---------------------------------------------------------------

@@ -394,14 +394,18 @@ def _truncate(path: Path, torn_at: int, end: int) -> None:
 Event = tuple[int, int, bytes, int]  # seq, time_us, payload, prev_seq
 
 
-def read_segment(seg: Segment, after: int, budget: int, out: list[Event]) -> int:
+def read_segment(
+    seg: Segment, after: int, budget: int, out: list[Event], *, start: int | None = None
+) -> int:
     """Append to ``out`` the events of ``seg`` above ``after``; returns the budget left.
 
-    Stops (returning 0) before a record's bytes (header included) would pass
-    ``budget``, unless ``out`` is empty.  Raises :class:`SpoolCorruptError` if
-    a record read back fails its CRC or the file is shorter than indexed.
+    Reads from ``start``, the offset of a record at or before the first above
+    ``after`` (default: the sparse index's nearest).  Stops (returning 0)
+    before a record's bytes (header included) would pass ``budget``, unless
+    ``out`` is empty.  Raises :class:`SpoolCorruptError` if a record read back
+    fails its CRC or the file is shorter than indexed.
     """
-    offset, _ordinal = seg.start_at(after)
+    offset = seg.start_at(after)[0] if start is None else start
     end = seg.size
     chunk = max(INDEX_INTERVAL, min(budget, 8 << 20)) + INDEX_INTERVAL
     with open(seg.path, "rb", buffering=0) as f:

@@ -14,6 +14,11 @@ them; a write that fails part-way is cut back off the file (or, if even that
 fails, the segment is closed for appending and the next open cuts its torn
 tail), so memory never says more than the disk holds.
 
+The egress reads what was just appended, event after event; the sparse
+index would make each such read walk up to an index interval of records, so
+the set also keeps the offsets of the active segment's last records (a tail
+index, :data:`TAIL_RECORDS`) and starts a read there when it can.
+
 Everything is synchronous file I/O on the caller's thread.
 """
 
@@ -26,6 +31,10 @@ from pathlib import Path
 
 from gateway import spoolfile as sf
 from gateway.spoolfile import Event, FsyncPolicy, Segment
+
+# Records of the active segment whose offsets are kept (seq, offset: a few
+# hundred KiB of ints): the egress's reads of the live stream start there.
+TAIL_RECORDS = 8192
 
 
 class SegmentSet:
@@ -43,6 +52,10 @@ class SegmentSet:
         self.appended = 0
         self.fsyncs = 0
         self.dirty = False  # written since the last fsync of the active segment
+        # The tail index: (seq, offset) of the last records written to _tail_of.
+        self._tail_of: Segment | None = None
+        self._tail_seqs: list[int] = []
+        self._tail_offsets: list[int] = []
 
     def adopt(self, segments: list[Segment]) -> None:
         """Take the segments a scan found; the last one becomes the active one."""
@@ -87,6 +100,7 @@ class SegmentSet:
         for seq, offset in notes:
             seg.note_record(seq, offset, seg.count)
             seg.count += 1
+        self._note_tail(seg, notes)
         seg.last_seq = self.last_seqs[-1] = self.last_seq = notes[-1][0]
         self.appended += len(notes)
         self.bytes += len(pending)
@@ -94,6 +108,23 @@ class SegmentSet:
         self.dirty = True
         pending.clear()
         notes.clear()
+
+    def _note_tail(self, seg: Segment, notes: list[tuple[int, int]]) -> None:
+        if self._tail_of is not seg:
+            self._tail_of, self._tail_seqs, self._tail_offsets = seg, [], []
+        self._tail_seqs += [seq for seq, _ in notes]
+        self._tail_offsets += [offset for _, offset in notes]
+        if len(self._tail_seqs) > 2 * TAIL_RECORDS:
+            del self._tail_seqs[:-TAIL_RECORDS], self._tail_offsets[:-TAIL_RECORDS]
+
+    def _tail_start(self, seg: Segment, after: int) -> int | None:
+        """Where the first record of ``seg`` above ``after`` starts, if the
+        tail index covers it (it holds a contiguous run up to the last record)."""
+        seqs = self._tail_seqs
+        if self._tail_of is not seg or not seqs or seqs[0] > after:
+            return None
+        k = bisect.bisect_right(seqs, after)
+        return self._tail_offsets[k] if k < len(seqs) else seg.size
 
     def _cut_partial(self, seg: Segment) -> None:
         try:
@@ -172,7 +203,9 @@ class SegmentSet:
         out: list[Event] = []
         budget = max_bytes
         while i < len(self.segments) and (budget > 0 or not out):
-            budget = sf.read_segment(self.segments[i], after, budget, out)
+            seg = self.segments[i]
+            start = self._tail_start(seg, after)
+            budget = sf.read_segment(seg, after, budget, out, start=start)
             i += 1
         return out
 

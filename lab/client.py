@@ -14,7 +14,8 @@ Messages carry ids ``PREFIX-N`` (N from ``--start``) and the application
 property ``seq``.  ``publish --rate R`` paces sending to R messages a second;
 ``publish --stamp`` adds the property ``sent_at`` (wall-clock seconds at
 send), and ``consume`` then reports the lag (receive time minus ``sent_at``)
-per message in ``lags`` (the lab's machines share one clock).
+per message in ``lags`` (the lab's machines share one clock).  ``publish
+--durable`` marks messages durable (persistent, for another broker).
 """
 
 from __future__ import annotations
@@ -46,12 +47,13 @@ class Publisher(MessagingHandler):
         headers: dict[str, str],
         rate: float = 0.0,
         stamp: bool = False,
+        durable: bool = False,
     ) -> None:
         super().__init__()
         self.url, self.address, self.count = url, address, count
         self.prefix, self.start, self.size = prefix, start, size
         self.subject, self.headers = subject, headers
-        self.rate, self.stamp = rate, stamp
+        self.rate, self.stamp, self.durable = rate, stamp, durable
         self.began = 0.0
         self.sender: Any = None
         self.sent = 0
@@ -90,7 +92,13 @@ class Publisher(MessagingHandler):
                 props["sent_at"] = time.time()
             body = f"{self.prefix}-{n}".ljust(self.size, ".")
             sender.send(
-                Message(id=f"{self.prefix}-{n}", body=body, subject=self.subject, properties=props)
+                Message(
+                    id=f"{self.prefix}-{n}",
+                    body=body,
+                    subject=self.subject,
+                    properties=props,
+                    durable=self.durable,
+                )
             )
             self.sent += 1
 
@@ -255,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     pub.add_argument("--header", action="append", default=[], metavar="K=V")
     pub.add_argument("--rate", type=float, default=0.0, help="messages a second (0: unpaced)")
     pub.add_argument("--stamp", action="store_true", help="add the property sent_at")
+    pub.add_argument("--durable", action="store_true", help="mark messages durable (persistent)")
     con = sub.add_parser("consume")
     con.add_argument("url")
     con.add_argument("address")
@@ -281,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             headers,
             args.rate,
             args.stamp,
+            args.durable,
         )
     elif args.op == "consume":
         handler = Consumer(args.url, args.address, args.count, args.idle, args.credit, args.hold)

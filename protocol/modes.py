@@ -31,7 +31,8 @@ class Mode(enum.IntEnum):
 
     @property
     def label(self) -> str:
-        return self.name.lower()
+        # A table, not name.lower(): the tap counts a label per forwarded command.
+        return _MODE_LABELS[self]
 
     @classmethod
     def from_label(cls, label: str) -> Mode:
@@ -41,6 +42,9 @@ class Mode(enum.IntEnum):
         except KeyError:
             valid = ", ".join(m.label for m in cls)
             raise ValueError(f"unknown mode {label!r}; valid modes: {valid}") from None
+
+
+_MODE_LABELS: dict[Mode, str] = {m: m.name.lower() for m in Mode}
 
 
 class Role(enum.IntEnum):

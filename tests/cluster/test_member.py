@@ -136,3 +136,25 @@ async def test_a_joiner_takes_a_snapshot_of_several_chunks() -> None:
         assert recorder.kinds().count("restore") == 1
         assert st.digest(b.state) == st.digest(a.state)
         assert b.state.queues["big"].args == {"blob": b"x" * (2 * CHUNK_BYTES)}
+
+
+async def test_encoded_frames_are_applied_everywhere_in_order_with_submitted_commands() -> None:
+    async with open_site() as (nursery, bus):
+        a = await start(nursery, bus, NullObserver())
+        b = await start(nursery, bus, NullObserver())
+        frames = [c_frame(pc.Publish("", "q", f"m-{i}".encode(), f"m-{i}")) for i in range(450)]
+        with trio.fail_after(DEADLINE_S):
+            await a.submit_and_wait(pc.QueueDeclare("q"))
+            await a.submit(pc.Publish("", "q", b"before", "before"))
+            await a.submit_frames_and_wait(frames)
+            await a.submit_and_wait(pc.Publish("", "q", b"after", "after"))
+            await a.submit_frames_and_wait([])  # nothing to send: returns at once
+        bodies = [bytes(m.body) for m in st.messages(a.state, "q")]
+        assert bodies == [b"before", *(f"m-{i}".encode() for i in range(450)), b"after"]
+        with trio.fail_after(DEADLINE_S):
+            await b.submit_and_wait()  # sequenced after all of a's: b has applied them
+        assert st.digest(b.state) == st.digest(a.state)
+
+
+def c_frame(*commands: pc.Command) -> bytes:
+    return pc.encode_frame(list(commands))

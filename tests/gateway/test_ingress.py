@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
@@ -261,3 +262,64 @@ async def test_no_epoch_undoes_a_promotion(
     member.apply(pc.AcceptPrimary("site-p", 3))
     async with connected(ingress, epoch=3) as end:
         assert (await hello(end)).resume_from == 0  # a resync will replace D's replicas
+
+
+async def test_events_go_to_d_bus_as_the_bytes_they_came_in(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    relayed: list[bytes] = []
+
+    class Recording(MemberStandIn):
+        async def submit_frames_and_wait(self, frames: list[bytes]) -> None:
+            relayed.extend(frames)
+            await super().submit_frames_and_wait(frames)
+
+    ingress = make_ingress(tmp_path, Recording("site-d"))
+    payloads = [replicated(seq) for seq in (1, 2, 3)]
+    async with connected(ingress) as end:
+        await hello(end)
+        for seq, payload in enumerate(payloads, 1):
+            end.machine.send_event(link.LinkEvent(seq, 1_000 * seq, payload, prev_seq=seq - 1))
+        acked = await end.next_of(link.Acked)
+        while acked.seq < 3:
+            acked = await end.next_of(link.Acked)
+    assert relayed == payloads  # neither decoded nor encoded again on the way
+    assert ingress.ingested == 3
+
+
+@pytest.mark.parametrize(
+    "inner",
+    [
+        [pc.QueueDeclare("q"), pc.Purge("q")],  # two commands for one mode
+        [_at(1, pc.QueueDeclare("q"))],  # a Replicated inside a Replicated
+    ],
+)
+async def test_an_event_whose_inner_frame_does_not_match_its_modes_is_malformed(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, inner: list[pc.Command]
+) -> None:
+    member = MemberStandIn("site-d")
+    ingress = make_ingress(tmp_path, member)
+    async with connected(ingress) as end:
+        await hello(end)
+        end.machine.send_event(link.LinkEvent(1, 1_000, _forged_replicated(1, inner)))
+        error = await end.next_of(link.PeerError)
+    assert error.code == link.LinkErrorCode.MALFORMED
+    assert "event 1" in error.text
+    assert "site-p" not in member.state.origins
+
+
+def _forged_replicated(seq: int, inner: list[pc.Command]) -> bytes:
+    """A Replicated at ``seq`` with one mode whose tail holds ``inner``
+    (which no encoder of ours would write)."""
+    kind, key, rest = pc.encode_command(_at(seq, pc.QueueDeclare("x")))
+    (meta_len,) = pc.META_LEN.unpack_from(rest)
+    body = rest[: pc.META_LEN.size + meta_len] + b"".join(
+        # the inner frame, by hand: header, index, data
+        [pc.FRAME_HEADER.pack(pc.VERSION, 0, len(inner))]
+        + [pc.INDEX_ENTRY.pack(k, 0, len(n), len(r)) for k, n, r in map(pc.encode_command, inner)]
+        + [n + r for _k, n, r in map(pc.encode_command, inner)]
+    )
+    header = pc.FRAME_HEADER.pack(pc.VERSION, 0, 1) + pc.INDEX_ENTRY.pack(
+        kind, 0, len(key), len(body)
+    )
+    return header + key + body

@@ -315,3 +315,75 @@ def test_snapshot_records_round_trip_and_refuse_damage() -> None:
     frame = c.encode_frame([c.Purge("q")])
     with pytest.raises(RemoteProtocolError, match="only Replicated"):
         list(c.iter_snapshot_untrusted(c.SNAPSHOT_RECORD.pack(len(frame)) + frame))
+
+
+# ---------------------------------------------------------------------------
+# Relaying frames without decoding them (D's ingress)
+# ---------------------------------------------------------------------------
+
+
+@given(st.lists(st.lists(commands, max_size=4), max_size=8), st.integers(1, 6))
+def test_joined_frames_hold_the_same_commands_in_order(
+    groups: list[list[c.Command]], max_commands: int
+) -> None:
+    frames = [c.encode_frame(g) for g in groups]
+    joined = c.join_frames(frames, max_commands=max_commands)
+    assert [cmd for f in joined for cmd in c.decode_frame_untrusted(f)] == [
+        cmd for g in groups for cmd in g
+    ]
+    for frame in joined:  # over the cap only where one frame alone is
+        count = len(c.scan_frame_untrusted(frame))
+        assert count <= max(max_commands, *(len(g) for g in groups))
+
+
+def test_join_frames_keeps_to_the_byte_cap() -> None:
+    frames = [c.encode_frame([c.Publish("", "q", b"x" * 1000, f"m-{i}")]) for i in range(10)]
+    joined = c.join_frames(frames, max_bytes=3500)
+    assert [len(c.scan_frame_untrusted(f)) for f in joined] == [3, 3, 3, 1]
+    assert c.join_frames([]) == []
+
+
+def test_a_head_is_read_without_decoding_the_inner_commands() -> None:
+    inner = c.encode_frame([c.QueueDeclare("q")])
+    # Damage the inner declare's meta: decoding the whole command fails ...
+    inner = inner[:-1] + b"\xff"
+    cmd = c.Replicated("site-p", 5, 42, 3, 7, (Mode.FULL,), (c.QueueDeclare("q"),))
+    kind, key, rest = c.encode_command(cmd)
+    rest = rest[: len(rest) - len(c.encode_frame(cmd.commands))] + inner
+    frame = (
+        c.FRAME_HEADER.pack(c.VERSION, 0, 1)
+        + c.INDEX_ENTRY.pack(kind, 0, len(key), len(rest))
+        + key
+        + rest
+    )
+    with pytest.raises(RemoteProtocolError):
+        c.decode_frame_untrusted(frame)
+    # ... while its head reads, typed, and the tail is the inner frame as sent.
+    (ref,) = c.scan_frame_untrusted(frame)
+    meta, tail = c.decode_head_untrusted(frame, ref)
+    assert (ref[1], meta["incarnation"], meta["origin_cseq"], meta["epoch"]) == ("site-p", 5, 42, 3)
+    assert meta["modes"] == (Mode.FULL,)
+    assert bytes(tail) == inner
+
+
+@pytest.mark.parametrize("cut", [0, 3, 6, 9])
+def test_a_cut_head_is_refused(cut: int) -> None:
+    cmd = c.Replicated("site-p", 5, 42, 3, 7, (Mode.FULL,), (c.QueueDeclare("q"),))
+    frame = c.encode_frame([cmd])
+    (ref,) = c.scan_frame_untrusted(frame)
+    kind, key, _size, offset = ref
+    short = frame[: offset + cut]
+    with pytest.raises(RemoteProtocolError):
+        c.decode_head_untrusted(short, (kind, key, cut, offset))
+
+
+@given(commands)
+def test_the_meta_fast_path_agrees_with_the_construct_declaration(cmd: c.Command) -> None:
+    """Meta structs are built and parsed by a plan derived from their
+    construct declaration (several times faster); both give the same bytes
+    and the same typed fields."""
+    codec = c._CODEC_OF[type(cmd)]
+    packed = codec.plan.pack(cmd)
+    assert packed == codec.meta.build(codec.meta_out(cmd))
+    fast = codec.meta_in(codec.plan.unpack_untrusted(packed))
+    assert fast == codec.meta_in(codec.meta.parse(packed)) == codec.meta_out(cmd)

@@ -87,6 +87,12 @@ class MemberStandIn:
             await self.gate.wait()
         self.apply(*commands)
 
+    async def submit_frames_and_wait(self, frames: list[bytes]) -> None:
+        """As :meth:`SiteMember.submit_frames_and_wait`: the frames' commands,
+        through :meth:`submit_and_wait` (so a stand-in overriding it sees them)."""
+        commands = [cmd for frame in frames for cmd in pc.decode_frame_untrusted(frame)]
+        await self.submit_and_wait(*commands)
+
 
 class _Never:
     """No event is one."""
