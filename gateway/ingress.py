@@ -20,13 +20,10 @@ Per connection, the reading loop feeds the sans-IO
 applier task through a bounded channel.  An event's payload is checked
 (:mod:`gateway.admission`) without decoding its inner commands and goes to
 D's bus as the bytes it came in: the applier multicasts the admitted frames
-with ``submit_frames_and_wait`` — several link batches that arrived
-meanwhile in one round trip, joined into bus frames — and acks a seq only
-once D's bus has applied it (apply, then ack).  After an ack the applier
-cancels the loop's wait for bytes, so the ack goes out at once.  A
-resync's chunks go through D's bus as ``ResyncStage`` pieces, each acked
-once staged, and RESYNC_END as the ``ResyncCommit`` that installs them at
-one point of D's stream.
+with ``submit_frames_and_wait`` (batches that arrived meanwhile, in one
+round trip) and acks a seq once D's bus applied it; the ack then goes out at
+once.  A resync's chunks go to D's bus as ``ResyncStage`` pieces, each acked
+once staged, and RESYNC_END as the ``ResyncCommit`` that installs them.
 """
 
 from __future__ import annotations
@@ -48,7 +45,7 @@ from cluster.tls import peer_name_refusal, tls_failure_text
 from gateway import resync as rs
 from gateway.admission import admit_event
 from gateway.egress import READ_BYTES
-from gateway.linkconnect import describe_error
+from gateway.linkconnect import describe_error, peer_address
 from gateway.linkstatus import LinkStatus
 from gateway.roles import SidecarRole
 from gateway.statistics import LinkSection, ingress_link_section
@@ -245,27 +242,12 @@ class Ingress:
     def check_piece_staged(self, cmd: pc.ResyncStage) -> None:
         """After D's bus applied a ResyncStage: is it staged (else do not ack)?"""
         self.status.resync.chunks_done = cmd.index + 1
-        staged = self.member.state.staged.get(cmd.origin_cluster)
-        if staged is None or staged.key != (cmd.incarnation, cmd.cut, cmd.epoch, cmd.index + 1):
-            raise DrgateError(
-                f"piece {cmd.index} of the resync from {cmd.origin_cluster} cut at {cmd.cut} "
-                f"was not staged by {self.config.site} (see its counters "
-                "resync_pieces_refused, r7_fenced, incarnation_refused); the link restarts"
-            )
+        rs.check_staged(self.member.state, cmd, self.config.site)
 
     def check_resync_applied(self, cmd: pc.ResyncCommit) -> None:
         """After D's bus applied a ResyncCommit: did it take (else do not ack)?"""
         self.status.resync.active = False
-        state = self.member.state
-        done = applied(state, cmd.origin_cluster, cmd.incarnation)
-        if done < cmd.cut:
-            origin = state.origins.get(cmd.origin_cluster)
-            raise DrgateError(
-                f"the resync from {cmd.origin_cluster} cut at {cmd.cut} was not applied by "
-                f"{self.config.site} (applied {done}; epoch "
-                f"{None if origin is None else origin.epoch}, incarnation "
-                f"{None if origin is None else origin.incarnation})"
-            )
+        rs.check_installed(self.member.state, cmd, self.config.site)
         log.info("ingress: resync from %s cut at %d applied", cmd.origin_cluster, cmd.cut)
 
     # ------------------------------------------------------------------
@@ -409,7 +391,7 @@ class _Connection:
         assert hello is not None and begin is not None
         self.ingress.status.resync.bytes_total += len(ev.data)
         if ev.index == 0:
-            self.resync_time_us = _first_time_us(ev.data)
+            self.resync_time_us = rs.first_time_us(ev.data)
         return pc.ResyncStage(
             hello.origin_cluster, hello.incarnation, begin.cut_seq, begin.epoch, ev.index, ev.data
         )
@@ -420,17 +402,15 @@ class _Connection:
         hello, begin = self.receiver.hello, self.resync
         assert hello is not None and begin is not None
         self.resync = None
+        origin, cut = hello.origin_cluster, ev.cut_seq
         log.info(
             "ingress: resync from %s cut at %d received: %d chunks, %d bytes; installing",
-            hello.origin_cluster,
-            ev.cut_seq,
-            ev.total_chunks,
-            ev.total_bytes,
+            *(origin, cut, ev.total_chunks, ev.total_bytes),
         )
         return pc.ResyncCommit(
-            hello.origin_cluster,
+            origin,
             hello.incarnation,
-            ev.cut_seq,
+            cut,
             begin.epoch,
             self.resync_time_us,
             ev.total_chunks,
@@ -518,26 +498,3 @@ def _peer_address(stream: trio.abc.Stream) -> str:
     except (AttributeError, OSError, ValueError):
         return "the egress"
     return f"{host}:{port}"
-
-
-def _first_time_us(records: bytes) -> int:
-    """P's time of a snapshot's cut: its first record's (0 if it has none;
-    a bad piece is refused by every member when staged)."""
-    try:
-        for first in pc.iter_snapshot_untrusted(records):
-            return first.origin_time_us
-    except RemoteProtocolError:
-        pass
-    return 0
-
-
-def peer_address(stream: trio.abc.Stream) -> str:
-    """``host:port`` of the other end of a TCP (or TLS over TCP) stream; "" otherwise."""
-    inner = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
-    if isinstance(inner, trio.SocketStream):
-        try:
-            host, port = inner.socket.getpeername()[:2]
-        except OSError:
-            return ""
-        return f"{host}:{port}"
-    return ""

@@ -102,3 +102,15 @@ async def open_link(
             await trio.aclose_forcefully(ssl_stream)
         raise LinkError(text, code=int(code), retriable=False)
     raise OSError(f"connect to {address} timed out")
+
+
+def peer_address(stream: trio.abc.Stream) -> str:
+    """``host:port`` of the other end of a TCP (or TLS over TCP) stream; "" otherwise."""
+    inner = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    if isinstance(inner, trio.SocketStream):
+        try:
+            host, port = inner.socket.getpeername()[:2]
+        except OSError:
+            return ""
+        return f"{host}:{port}"
+    return ""

@@ -43,10 +43,11 @@ import trio
 from cluster.bus import BusConfig
 from cluster.member import NullObserver, SiteMember
 from cluster.state.model import Origin, SiteState
+from cluster.state.views import applied
 from filters.matcher import RuleSet
 from gateway.content import QueueContent, queue_content
 from protocol import cluster as pc
-from protocol.errors import DrgateError
+from protocol.errors import DrgateError, RemoteProtocolError
 from protocol.modes import Mode, Role
 
 # Bytes of encoded commands per snapshot record (one bus frame): the size the
@@ -185,6 +186,45 @@ class SnapshotStream:
                     yield record()
         if commands:
             yield record()
+
+
+# --------------------------------------------------------------------------
+# D: what the ingress checks of a resync it passed to D's bus
+# --------------------------------------------------------------------------
+
+
+def first_time_us(records: bytes) -> int:
+    """P's time of a snapshot's cut: its first record's (0 if it has none;
+    a bad piece is refused by every member when staged)."""
+    try:
+        for first in pc.iter_snapshot_untrusted(records):
+            return first.origin_time_us
+    except RemoteProtocolError:
+        pass
+    return 0
+
+
+def check_staged(state: SiteState, cmd: pc.ResyncStage, site: str) -> None:
+    """D's bus applied ``cmd``: raise unless it is staged (then nothing is acked)."""
+    staged = state.staged.get(cmd.origin_cluster)
+    if staged is None or staged.key != (cmd.incarnation, cmd.cut, cmd.epoch, cmd.index + 1):
+        raise DrgateError(
+            f"piece {cmd.index} of the resync from {cmd.origin_cluster} cut at {cmd.cut} "
+            f"was not staged by {site} (see its counters resync_pieces_refused, r7_fenced, "
+            "incarnation_refused); the link restarts"
+        )
+
+
+def check_installed(state: SiteState, cmd: pc.ResyncCommit, site: str) -> None:
+    """D's bus applied ``cmd``: raise unless the resync was installed."""
+    done = applied(state, cmd.origin_cluster, cmd.incarnation)
+    if done < cmd.cut:
+        origin = state.origins.get(cmd.origin_cluster)
+        raise DrgateError(
+            f"the resync from {cmd.origin_cluster} cut at {cmd.cut} was not applied by "
+            f"{site} (applied {done}; epoch {None if origin is None else origin.epoch}, "
+            f"incarnation {None if origin is None else origin.incarnation})"
+        )
 
 
 # --------------------------------------------------------------------------
