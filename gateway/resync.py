@@ -11,7 +11,7 @@ the egress takes a snapshot of the replicated queues from its shadow state
 state cannot move while it is read, and keeps only references (messages are
 immutable).  A :class:`SnapshotStream` then encodes the plan lazily, as
 records ``u32 length | bus frame of Replicated commands``
-(``protocol.cluster``'s snapshot format), one link chunk at a time, when the
+(protocol/snapshotrecords.py), one link chunk at a time, when the
 link's window has room for it: P holds one chunk beyond the window,
 whatever the snapshot's size.  The link carries it as a streamed resync
 (RESYNC_BEGIN without totals, CHUNK..., END with them), then the spool's
@@ -49,6 +49,7 @@ from gateway.content import QueueContent, queue_content
 from protocol import cluster as pc
 from protocol.errors import DrgateError, RemoteProtocolError
 from protocol.modes import Mode, Role
+from protocol.snapshotrecords import encode_snapshot_record, iter_snapshot_untrusted
 
 # Bytes of encoded commands per snapshot record (one bus frame): the size the
 # bus itself batches to, so decoding one never holds up the applier long.
@@ -163,7 +164,7 @@ class SnapshotStream:
             modes.clear()
             commands.clear()
             size = 0
-            return pc.encode_snapshot_record([replicated])
+            return encode_snapshot_record([replicated])
 
         def add(mode: Mode, cmd: pc.Command, nbytes: int = 64) -> bool:
             nonlocal size
@@ -197,7 +198,7 @@ def first_time_us(records: bytes) -> int:
     """P's time of a snapshot's cut: its first record's (0 if it has none;
     a bad piece is refused by every member when staged)."""
     try:
-        for first in pc.iter_snapshot_untrusted(records):
+        for first in iter_snapshot_untrusted(records):
             return first.origin_time_us
     except RemoteProtocolError:
         pass

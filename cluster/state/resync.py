@@ -44,11 +44,10 @@ from protocol.cluster import (
     ResyncApply,
     ResyncCommit,
     ResyncStage,
-    encode_snapshot_record,
-    iter_snapshot_untrusted,
 )
 from protocol.errors import DrgateError
 from protocol.modes import Mode
+from protocol.snapshotrecords import encode_snapshot_record, iter_snapshot_untrusted
 
 Effects = list[Effect]
 # Commands per record when staging is written out again for a joining member.

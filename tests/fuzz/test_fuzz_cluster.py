@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from protocol import cluster as pc
+from protocol import snapshotrecords as sr
 from protocol.errors import RemoteProtocolError
 from protocol.modes import Mode
 from protocol.values import pack_value_map, unpack_value_map_untrusted
@@ -33,7 +34,7 @@ _REPLICATED = pc.Replicated(
 )
 FRAMES = [bytes.fromhex(p.read_text()) for p in sorted(VECTORS.glob("*.hex"))] + [
     pc.encode_frame([_REPLICATED, pc.AckWatermark("P", 7, 41, 99)]),
-    pc.encode_frame([pc.ResyncApply("P", 7, 41, 2, 99, pc.encode_snapshot_record([_REPLICATED]))]),
+    pc.encode_frame([pc.ResyncApply("P", 7, 41, 2, 99, sr.encode_snapshot_record([_REPLICATED]))]),
 ]
 
 
@@ -102,8 +103,8 @@ def test_bus_frame_decoders_raise_only_remote_protocol_errors() -> None:
 
 
 SNAPSHOTS = [
-    pc.encode_snapshot_record([_REPLICATED])
-    + pc.encode_snapshot_record([_REPLICATED, _REPLICATED]),
+    sr.encode_snapshot_record([_REPLICATED])
+    + sr.encode_snapshot_record([_REPLICATED, _REPLICATED]),
 ]
 
 
@@ -114,7 +115,7 @@ def test_resync_snapshot_decoder_raises_only_remote_protocol_errors() -> None:
     result = fuzz(
         "resync-snapshot",
         SNAPSHOTS,
-        lambda data: list(pc.iter_snapshot_untrusted(data)),
+        lambda data: list(sr.iter_snapshot_untrusted(data)),
         allowed=RemoteProtocolError,
         default_iterations=1500,
         make_input=damaged,

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol import cluster as c
+from protocol import snapshotrecords as sr
 from protocol.errors import RemoteProtocolError
 from protocol.modes import Mode, Role
 
@@ -154,7 +155,7 @@ SAMPLES: dict[str, c.Command] = {
         1000,
         1,
         1_700_000_000_000_000,
-        c.encode_snapshot_record(
+        sr.encode_snapshot_record(
             [
                 c.Replicated(
                     "site-p",
@@ -174,7 +175,7 @@ SAMPLES: dict[str, c.Command] = {
         1000,
         1,
         3,
-        c.encode_snapshot_record(
+        sr.encode_snapshot_record(
             [
                 c.Replicated(
                     "site-p",
@@ -308,13 +309,13 @@ def test_a_named_session_command_is_refused() -> None:
 
 def test_snapshot_records_round_trip_and_refuse_damage() -> None:
     inner = c.Replicated("site-p", 1, 5, 1, 0, (Mode.WIRING,), (c.QueueDeclare("q", {"a": 1}),))
-    snapshot = c.encode_snapshot_record([inner]) + c.encode_snapshot_record([inner, inner])
-    assert list(c.iter_snapshot_untrusted(snapshot)) == [inner, inner, inner]
+    snapshot = sr.encode_snapshot_record([inner]) + sr.encode_snapshot_record([inner, inner])
+    assert list(sr.iter_snapshot_untrusted(snapshot)) == [inner, inner, inner]
     with pytest.raises(RemoteProtocolError, match="goes past the end"):
-        list(c.iter_snapshot_untrusted(snapshot[:-1]))
+        list(sr.iter_snapshot_untrusted(snapshot[:-1]))
     frame = c.encode_frame([c.Purge("q")])
     with pytest.raises(RemoteProtocolError, match="only Replicated"):
-        list(c.iter_snapshot_untrusted(c.SNAPSHOT_RECORD.pack(len(frame)) + frame))
+        list(sr.iter_snapshot_untrusted(sr.SNAPSHOT_RECORD.pack(len(frame)) + frame))
 
 
 # ---------------------------------------------------------------------------
