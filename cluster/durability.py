@@ -16,8 +16,14 @@ view changes that released a departed member's messages.
 ``fdatasync`` (``fsync: batch``) in a worker thread while the applier goes on
 appending, so one fsync covers every frame delivered meanwhile.
 
-*Settlement.*  A publish from one of this node's clients is settled once the
-commit that covers its command is done: the message is then on the disk of
+*What is journaled.*  Every command, but a message that is not persistent
+(transient, or on a non-durable queue: cluster/state/persistence.py) without
+its body, so the replay keeps every cseq and position and a whole-site
+recovery then drops it.
+
+*Settlement.*  A persistent message's publish from one of this node's
+clients is settled once the commit that covers its command is done (any
+other publish at once, after it is applied): the message is then on the disk of
 the node its client is connected to.  That node is the one that can tell the
 client without another round trip, and the site's recovery always continues
 from the most advanced journal, so a settled message survives any restart of
@@ -42,6 +48,7 @@ import trio
 from cluster.bus import MemberId
 from cluster.journal import Journal, JournalStatistics
 from cluster.member import SiteMember
+from cluster.state.persistence import for_journal
 from protocol import cluster as pc
 
 log = logging.getLogger(__name__)
@@ -103,7 +110,7 @@ class NodeJournal:
             return
         if not self._frame:
             self._frame_first = state.cseq
-        self._frame.append(cmd)
+        self._frame.append(for_journal(state, cmd))
         if not isinstance(cmd, pc.Durable):
             self._last_real = state.cseq
 

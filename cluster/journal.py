@@ -9,7 +9,9 @@ takes no cseq).  The state machine is deterministic, so a checkpoint (the
 state snapshot at a cseq) plus every journaled command after it rebuilds the
 node's state exactly (:meth:`Journal.recover`).  The node decides what is
 journaled (it elides the bodies of non-durable messages before it hands
-the commands over); the journal is content-agnostic.  The format is in
+the commands over, cluster/state/persistence.py); the journal is
+content-agnostic, except that a checkpoint's snapshot leaves out the same
+bodies (``st.snapshot(state, transient_bodies=False)``).  The format is in
 protocol/journal.py and docs/protocol.md section 4.
 
 *The chain.*  A checkpoint ``checkpoint-C.snap`` is always followed by a
@@ -480,7 +482,7 @@ class Journal:
         and every older segment and checkpoint deleted.
         """
         cseq = state.cseq
-        snapshot = st.snapshot(state)
+        snapshot = st.snapshot(state, transient_bodies=False)
         durable = self.fsync != "never"
         path = self.directory / pj.checkpoint_name(cseq)
         tmp = path.with_name(path.name + TMP_SUFFIX)

@@ -60,6 +60,7 @@ from cluster.membership import (
     StartGenesis,
 )
 from cluster.state.effects import Effect
+from cluster.state.persistence import TransientDropped, drop_transient
 from protocol import cluster as pc
 from protocol.errors import BusError, DrgateError
 from protocol.modes import Role
@@ -205,6 +206,8 @@ class SiteMember:
         self.recovered: st.SiteState | None = None
         self._recovery_sent = False
         self._recovery_chunks: list[bytes] = []
+        # What the whole-site recovery dropped as transient (None: no recovery).
+        self.recovery_dropped: TransientDropped | None = None
         self.site_live = trio.Event()  # the state has an incarnation (not recovering)
 
     # ------------------------------------------------------------------
@@ -450,12 +453,19 @@ class SiteMember:
         blob, self._recovery_chunks = b"".join(self._recovery_chunks), []
         self.state = st.restore_untrusted(blob)
         self.recovered = None
+        # What a restart of the whole site does not keep goes here, at this
+        # point of the stream, on every member alike.
+        self.recovery_dropped = drop_transient(self.state)
         log.info(
-            "recovery: site %s continues from node %d's journal at cseq %d (incarnation %#x)",
+            "recovery: site %s continues from node %d's journal at cseq %d (incarnation %#x); "
+            "transient state dropped: %d messages, queues %s, exchanges %s",
             self.cluster,
             winner[0],
             self.state.cseq,
             self.state.incarnation,
+            sum(self.recovery_dropped.messages.values()),
+            list(self.recovery_dropped.queues),
+            list(self.recovery_dropped.exchanges),
         )
         self._observer.after_restore()
 

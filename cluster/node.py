@@ -59,6 +59,7 @@ from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
 from cluster.durability import JournalSettings, NodeJournal
 from cluster.member import BusOpener, NullObserver, SiteMember
 from cluster.state.model import SiteState
+from cluster.state.persistence import publish_persistent
 from cluster.statistics import BusSection, JournalSection, NodeStatistics
 from cluster.tls import TlsFiles, server_context
 from cluster.webconfig import WebConfig
@@ -260,7 +261,13 @@ class BrokerNode(NullObserver):
                 if self._mine(effect.sender):
                     delivery = self._pending.pop(effect.ref, None)
                     if delivery is not None:
-                        if self.durability is None:
+                        if self.durability is None or not publish_persistent(
+                            self.member.state,
+                            effect.queues,
+                            {pc.DURABLE_PROPERTY: True} if delivery.message.durable else None,
+                        ):
+                            # Nothing of it survives a restart of the site:
+                            # no disk to wait for (docs/broker.md "Durability").
                             self._settle_applied(delivery)
                         else:
                             self.durability.settle_when_durable(
@@ -503,6 +510,10 @@ class BrokerNode(NullObserver):
             properties.update({str(k): _plain(v) for k, v in message.properties.items()})
         if message.subject:
             properties.setdefault("subject", message.subject)
+        # The header's durable, in the reserved key only the header sets.
+        properties.pop(pc.DURABLE_PROPERTY, None)
+        if message.durable:
+            properties[pc.DURABLE_PROPERTY] = True
         ref = next(self._refs)
         self._pending[ref] = delivery
         self._inflight[ref] = len(body)

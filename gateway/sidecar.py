@@ -272,6 +272,7 @@ class Sidecar(NullObserver):
         self.tap.resync_rules(self.state)
         self.spool = self._open_spool()
         self._roles_may_have_changed()
+        self._resync_after_recovery()
 
     def view_seen(self, view: ViewChange) -> None:
         if not view.quorate:
@@ -292,6 +293,20 @@ class Sidecar(NullObserver):
             f"in a minority partition: the view of {len(view.members)} members is not "
             "quorate, so this sidecar neither forwards nor ingests until the partition heals"
         )
+
+    def _resync_after_recovery(self) -> None:
+        """A whole-site recovery dropped transient state that D may hold, and
+        the spool may resume seamlessly below the recovery point: resync D at
+        a cut after it (docs/architecture.md, "Durability")."""
+        dropped = self.member.recovery_dropped
+        if dropped and self.egress is not None:
+            log.info(
+                "sidecar: the recovery dropped transient state of queues %s and exchanges %s; "
+                "D is resynced",
+                list(dropped.touched_queues()),
+                list(dropped.exchanges),
+            )
+            self.egress.request_resync()
 
     def _open_spool(self) -> Spool:
         """The spool, holding every event above the current cseq (the join
@@ -326,6 +341,7 @@ class Sidecar(NullObserver):
             if self.spool is None:
                 self.tap.resync_rules(self.state)
                 self.spool = self._open_spool()
+                self._resync_after_recovery()
             if self.egress is not None:
                 nursery.start_soon(self.egress.serve)
                 nursery.start_soon(self._watch_rules)

@@ -137,6 +137,13 @@ class Unbind(_CommandBase):
     binding_key: str = ""
 
 
+# The reserved key of Publish and Enqueue properties that carries the AMQP
+# header's ``durable`` (true; absent: transient).  The broker sets it from the
+# header and drops a client's application property of that name, so every
+# member, the journal's replay and the other site see the same answer.
+DURABLE_PROPERTY = "drgate.durable"
+
+
 # key=exchange  meta: routing_key str16 | ref u64 | message_id str16 | properties map
 #               tail: body
 @_command(

@@ -66,6 +66,15 @@ EVENT_GENERATION_VALUES = (1, 2)
 MAX_COUNT_ARGS = ("qpid.max_count", "max_depth")
 """Queue arguments giving the maximum number of messages (first found wins)."""
 MAX_SIZE_ARG = "qpid.max_size"
+# Durability (docs/broker.md, "Durability"): a queue or exchange declared with
+# ``durable`` true survives a whole-site restart; ``qpid.persist_last_node``
+# makes every message of its queue persistent (and the queue durable);
+# ``qpid.file_size`` / ``qpid.file_count`` size a Qpid queue's own store and
+# are accepted and ignored (a node has one journal, cluster/journal.py).
+DURABLE_ARG = "durable"
+PERSIST_LAST_NODE_ARG = "qpid.persist_last_node"
+FLAG_ARGS = (DURABLE_ARG, PERSIST_LAST_NODE_ARG)
+_FLAG_TEXTS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 """Queue argument giving the maximum total body bytes."""
 
 _DECLARE_ARGS: dict[Mode, dict[str, str | int]] = {
@@ -151,6 +160,18 @@ def limit_value(value: Any) -> int | None:
     return None
 
 
+def flag_value(value: Any) -> bool | None:
+    """A yes/no argument as a bool (``True``/``False``, 1/0, or the texts
+    true/false, yes/no, 1/0 in any case), or None when it is not one."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return {1: True, 0: False}.get(value)
+    if isinstance(value, str):
+        return _FLAG_TEXTS.get(value.strip().lower())
+    return None
+
+
 def check_declare_args(args: Mapping[str, Any]) -> str | None:
     """What is wrong with a local declare's arguments, for a person; None if
     nothing is.  Stricter than :func:`from_args_mode`, which reads any value:
@@ -166,4 +187,7 @@ def check_declare_args(args: Mapping[str, Any]) -> str | None:
     for key in (*MAX_COUNT_ARGS, MAX_SIZE_ARG):
         if key in args and limit_value(args[key]) is None:
             return f"{key}={args[key]!r} is not a non-negative integer"
+    for key in FLAG_ARGS:
+        if key in args and flag_value(args[key]) is None:
+            return f"{key}={args[key]!r} is not true or false"
     return None

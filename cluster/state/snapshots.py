@@ -69,6 +69,7 @@ from cluster.state.model import (
     SiteState,
     StagedResync,
 )
+from cluster.state.persistence import keeps_body
 from cluster.state.resync import stage_records, staged_records
 from protocol.cluster import ExchangeType
 from protocol.errors import LocalProtocolError, RemoteProtocolError
@@ -121,7 +122,7 @@ def _map(out: list[bytes], values: ValueMap) -> None:
     out.append(pack_value_map(values))
 
 
-def _message(out: list[bytes], m: Message) -> None:
+def _message(out: list[bytes], m: Message, body: bool = True) -> None:
     mid = m.message_id.encode("utf-8")
     flags = (_REDELIVERED if m.redelivered else 0) | (
         _HAS_PROPERTIES if m.properties is not None else 0
@@ -130,12 +131,19 @@ def _message(out: list[bytes], m: Message) -> None:
     out.append(mid)
     if m.properties is not None:
         _map(out, m.properties)
-    out.append(_U32.pack(len(m.body)))
-    out.append(m.body)
+    if body:
+        out.append(_U32.pack(len(m.body)))
+        out.append(m.body)
+    else:
+        out.append(_U32.pack(0))
 
 
-def snapshot(state: SiteState) -> bytes:
-    """The canonical encoding of ``state`` (layout in the module docstring)."""
+def snapshot(state: SiteState, *, transient_bodies: bool = True) -> bytes:
+    """The canonical encoding of ``state`` (layout in the module docstring).
+
+    ``transient_bodies=False`` (a journal's checkpoint) writes the messages
+    whose bodies a journal does not hold with an empty body
+    (:func:`cluster.state.persistence.keeps_body`)."""
     out: list[bytes] = [_HEAD.pack(MAGIC, SNAPSHOT_VERSION, 0)]
     _str16(out, state.cluster)
     out.append(_U64.pack(state.incarnation))
@@ -198,8 +206,12 @@ def snapshot(state: SiteState) -> bytes:
             _str16(out, q.replica.origin)
             out.append(_U8.pack(int(q.replica.mode)) + _U64.pack(q.replica.high_pos))
         out.append(_U32.pack(len(q.messages)))
-        for m in q.messages.values():
-            _message(out, m)
+        if transient_bodies:
+            for m in q.messages.values():
+                _message(out, m)
+        else:
+            for m in q.messages.values():
+                _message(out, m, keeps_body(q, m.properties))
     out.append(_U32.pack(len(state.sessions)))
     for s in state.sessions.values():
         out.append(_U64.pack(s.id) + _U32.pack(len(s.acquired)))

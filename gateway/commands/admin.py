@@ -21,7 +21,7 @@ from rich.table import Table
 
 from gateway.commands._users import configure_user, run_user
 from protocol.errors import DrgateError
-from protocol.modes import Mode, declare_args
+from protocol.modes import DURABLE_ARG, Mode, declare_args
 
 NAME = "admin"
 HELP = "declare, delete and list queues, exchanges and bindings (like qpid-config)"
@@ -56,6 +56,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add.add_argument("--replicate", choices=sorted(REPLICATE_ARGS), help="replication mode")
     add.add_argument("--max-depth", type=int, help="refuse publishes beyond this many messages")
     add.add_argument("--arg", action="append", default=[], metavar="K=V", help="queue argument")
+    add.add_argument(
+        "--durable",
+        action="store_true",
+        help="the queue, and its durable messages, survive a restart of the whole site",
+    )
     for op, what in (("del-queue", "delete a queue"), ("purge", "purge a queue")):
         p = sub.add_parser(op, help=what)
         p.add_argument("name")
@@ -63,6 +68,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     ex.add_argument("type", choices=["direct", "fanout", "topic"])
     ex.add_argument("name")
     ex.add_argument("--arg", action="append", default=[], metavar="K=V")
+    ex.add_argument(
+        "--durable", action="store_true", help="the exchange survives a restart of the whole site"
+    )
     dx = sub.add_parser("del-exchange", help="delete an exchange")
     dx.add_argument("name")
     for op in ("bind", "unbind"):
@@ -93,10 +101,14 @@ def request_for(args: argparse.Namespace) -> dict[str, Any]:
             arguments.update(REPLICATE_ARGS[args.replicate])
         if args.max_depth is not None:
             arguments["qpid.max_count"] = args.max_depth
+        if args.durable:
+            arguments[DURABLE_ARG] = True
         request["args"] = arguments
     elif args.op == "add-exchange":
         request["type"] = args.type
         request["args"] = _args(args.arg)
+        if args.durable:
+            request["args"][DURABLE_ARG] = True
     elif args.op in ("bind", "unbind"):
         request["queue"] = args.queue
         request["key"] = args.key

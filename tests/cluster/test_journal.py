@@ -20,6 +20,7 @@ from protocol import journal as pj
 from tests.support.state import Member
 
 QUEUE = "orders"
+DURABLE = {pc.DURABLE_PROPERTY: True}  # the messages here are persistent (durable queue too)
 
 
 class Site:
@@ -42,7 +43,9 @@ class Site:
             count = min(per_frame, n - start)
             self.frame(
                 [
-                    pc.Publish("", QUEUE, bytes([i % 251]) * size, f"m-{self.state.cseq}-{i}")
+                    pc.Publish(
+                        "", QUEUE, bytes([i % 251]) * size, f"m-{self.state.cseq}-{i}", DURABLE
+                    )
                     for i in range(count)
                 ]
             )

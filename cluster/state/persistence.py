@@ -1,0 +1,167 @@
+"""What survives a whole-site restart: durable queues, exchanges and bindings,
+and persistent messages (docs/broker.md, "Durability").
+
+Theory of operation
+-------------------
+As in Qpid, a message is *persistent* when its AMQP header says ``durable``
+(the reserved property :data:`protocol.cluster.DURABLE_PROPERTY`) and it sits
+on a *durable* queue (argument ``durable`` true).  ``qpid.persist_last_node``
+makes every message of its queue persistent and the queue durable: Qpid
+persists a queue's transient messages once its cluster is down to the last
+node, a moment a site cannot foresee at publish time, so drgate keeps them
+always, which keeps at least what Qpid keeps.  An exchange is durable when
+declared so, or predeclared; a binding when its exchange and queue are.
+
+Everything else is *transient*: a node's journal holds the commands that made
+it but not their message bodies (:func:`for_journal`, and a checkpoint's
+snapshot with ``transient_bodies=False``), so the replay reproduces every
+position and cseq, and a whole-site recovery then drops it
+(:func:`drop_transient`) at the same stream point on every member.
+
+Message bodies are kept in the journal, transient or not, for a queue with a
+byte limit (``qpid.max_size``): its refusals count bytes, and the replay must
+refuse what the live node refused.
+
+Pure functions of the state, like the rest of :mod:`cluster.state`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from cluster.state.model import Exchange, Queue, SiteState
+from cluster.state.queues import drop_bindings_to, forget_hold, forget_reports
+from cluster.state.replica import replica_of
+from cluster.state.views import route
+from protocol import cluster as pc
+from protocol.modes import DURABLE_ARG, PERSIST_LAST_NODE_ARG, flag_value
+from protocol.values import ValueMap
+
+__all__ = [
+    "TransientDropped",
+    "drop_transient",
+    "durable_header",
+    "exchange_durable",
+    "for_journal",
+    "keeps_body",
+    "persistent",
+    "publish_persistent",
+    "queue_durable",
+]
+
+
+def durable_header(properties: ValueMap | None) -> bool:
+    """The message's AMQP header said ``durable``."""
+    return bool(properties) and properties.get(pc.DURABLE_PROPERTY) is True  # type: ignore[union-attr]
+
+
+def _persists_all(q: Queue) -> bool:
+    return flag_value(q.args.get(PERSIST_LAST_NODE_ARG)) is True
+
+
+def queue_durable(q: Queue) -> bool:
+    """The queue survives a whole-site restart."""
+    return flag_value(q.args.get(DURABLE_ARG)) is True or _persists_all(q)
+
+
+def exchange_durable(x: Exchange) -> bool:
+    """The exchange survives a whole-site restart (predeclared ones always)."""
+    return x.predeclared or flag_value(x.args.get(DURABLE_ARG)) is True
+
+
+def persistent(q: Queue, properties: ValueMap | None) -> bool:
+    """A message with ``properties`` on ``q`` survives a whole-site restart."""
+    return queue_durable(q) and (_persists_all(q) or durable_header(properties))
+
+
+def publish_persistent(
+    state: SiteState, queues: tuple[str, ...], properties: ValueMap | None
+) -> bool:
+    """A publish routed to ``queues`` made a message that survives a
+    whole-site restart (on one of them at least)."""
+    return any(
+        (q := state.queues.get(name)) is not None and persistent(q, properties) for name in queues
+    )
+
+
+def keeps_body(q: Queue | None, properties: ValueMap | None) -> bool:
+    """A node's journal (and checkpoint) holds the body of a message with
+    ``properties`` on ``q``."""
+    return q is not None and (q.max_size is not None or persistent(q, properties))
+
+
+def for_journal(state: SiteState, cmd: pc.Command) -> pc.Command:
+    """``cmd`` as a node journals it, ``state`` being the state it made: the
+    body of a message that is not persistent on any queue it reached is
+    elided (see the module docstring)."""
+    if isinstance(cmd, pc.Publish):
+        if not cmd.body:
+            return cmd
+        targets = route(state, cmd.exchange, cmd.routing_key) or ()
+        if any(keeps_body(state.queues.get(name), cmd.properties) for name in targets):
+            return cmd
+        return dataclasses.replace(cmd, body=b"")
+    if isinstance(cmd, pc.Replicated):
+        inner = tuple(_replicated_for_journal(state, cmd.origin_cluster, c) for c in cmd.commands)
+        if all(a is b for a, b in zip(inner, cmd.commands, strict=True)):
+            return cmd
+        return dataclasses.replace(cmd, commands=inner)
+    return cmd
+
+
+def _replicated_for_journal(state: SiteState, origin: str, cmd: pc.Command) -> pc.Command:
+    if not isinstance(cmd, pc.Enqueue) or not cmd.body:
+        return cmd
+    if keeps_body(replica_of(state, origin, cmd.queue), cmd.properties):
+        return cmd
+    return dataclasses.replace(cmd, body=b"")
+
+
+@dataclass(frozen=True, slots=True)
+class TransientDropped:
+    """What :func:`drop_transient` removed: transient messages per queue that
+    stayed, and the non-durable queues and exchanges (with everything on them)."""
+
+    messages: dict[str, int]
+    queues: tuple[str, ...]
+    exchanges: tuple[str, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.messages or self.queues or self.exchanges)
+
+    def touched_queues(self) -> tuple[str, ...]:
+        """Every queue that lost something (dropped, or lost messages)."""
+        return (*self.queues, *self.messages)
+
+
+def drop_transient(state: SiteState) -> TransientDropped:
+    """Remove from ``state`` what does not survive a whole-site restart:
+    non-durable queues (with their bindings), non-durable exchanges, and the
+    transient messages of durable queues (acquired or not).  Deterministic:
+    every member that applies it to the same state gets the same state."""
+    gone_queues = [q for q in state.queues.values() if not queue_durable(q)]
+    for q in gone_queues:
+        del state.queues[q.name]
+        drop_bindings_to(state, q.name)
+        forget_reports(state, q.name)
+        for pos, (sid, _consumer) in q.acquired.items():
+            forget_hold(state, sid, q.name, pos)
+    gone_exchanges = [x for x in state.exchanges.values() if not exchange_durable(x)]
+    for x in gone_exchanges:
+        del state.exchanges[x.name]
+        forget_reports(state, x.name)
+    messages: dict[str, int] = {}
+    for q in state.queues.values():
+        transient = [m.pos for m in q.messages.values() if not persistent(q, m.properties)]
+        for pos in transient:
+            held = q.acquired.get(pos)
+            q.remove(pos)
+            if held is not None:
+                forget_hold(state, held[0], q.name, pos)
+        if transient:
+            q.rebuild_available()
+            messages[q.name] = len(transient)
+    return TransientDropped(
+        messages, tuple(q.name for q in gone_queues), tuple(x.name for x in gone_exchanges)
+    )
