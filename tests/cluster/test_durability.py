@@ -1,0 +1,91 @@
+"""cluster.durability: a node's journal holds no body of a message that does
+not survive a whole-site restart, in its segments or its checkpoints, and
+what it recovers is, after the recovery's drop, the live state's durable part."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cluster import state as st
+from cluster.durability import JournalSettings, NodeJournal
+from cluster.journal import Journal
+from cluster.state.persistence import drop_transient
+from protocol import cluster as pc
+from tests.support.state import Member
+
+CLIENT = Member(1, 10)
+SID = st.session_id(1, 10, 1)
+DURABLE = {pc.DURABLE_PROPERTY: True}
+
+
+class StandInMember:
+    """What NodeJournal reads of its SiteMember: the state, and ``post``."""
+
+    def __init__(self) -> None:
+        self.state = st.new_state()
+        self.recovered: st.SiteState | None = None
+        self.posted: list[pc.Command] = []
+
+    def post(self, cmd: pc.Command) -> None:
+        self.posted.append(cmd)
+
+
+def deliver(member: StandInMember, journal: NodeJournal, *commands: pc.Command) -> None:
+    """One bus frame, applied then handed to the journal as the member does."""
+    for cmd in commands:
+        st.apply(member.state, cmd, sender=CLIENT)
+        journal.after_command(cmd)
+    journal.after_frame()
+
+
+def on_disk(directory: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file())
+
+
+def test_the_journal_holds_no_transient_body_and_recovers_the_durable_state(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "journal"
+    member = StandInMember()
+    journal = NodeJournal(JournalSettings(str(directory)), member, 1)  # type: ignore[arg-type]
+    deliver(member, journal, pc.Genesis("site-p", 7))  # the site is live: checkpoint
+    deliver(
+        member,
+        journal,
+        pc.QueueDeclare("keep", {"durable": True}),
+        pc.QueueDeclare("temp"),
+        pc.SessionOpen(SID),
+    )
+    deliver(
+        member,
+        journal,
+        pc.Publish("", "keep", b"BODY-durable-on-durable", "1", DURABLE),
+        pc.Publish("", "keep", b"BODY-transient-on-durable", "2"),
+        pc.Publish("", "temp", b"BODY-durable-on-temp", "3", DURABLE),
+    )
+    deliver(member, journal, pc.Acquire("keep", SID, 0, 1))
+    journal.journal.commit()
+    held = on_disk(directory)
+    assert b"BODY-durable-on-durable" in held
+    assert b"BODY-transient-on-durable" not in held and b"BODY-durable-on-temp" not in held
+
+    # A checkpoint of the live state (a restore makes one) leaves them out too.
+    journal.after_restore()
+    deliver(member, journal, pc.Publish("", "keep", b"BODY-later-transient", "4"))
+    journal.journal.commit()
+    held = on_disk(directory)
+    assert b"BODY-durable-on-durable" in held
+    for transient in (b"transient-on-durable", b"durable-on-temp", b"later-transient"):
+        assert b"BODY-" + transient not in held
+    journal.close()
+
+    with Journal.open(directory) as reopened:
+        got = reopened.recover()
+    assert got is not None and got.cseq == member.state.cseq
+    recovered = got.state
+    drop_transient(recovered)
+    drop_transient(member.state)
+    assert st.digest(recovered) == st.digest(member.state)
+    assert [m.body for m in recovered.queues["keep"].messages.values()] == [
+        b"BODY-durable-on-durable"
+    ]
