@@ -1,0 +1,160 @@
+"""A broker node with a journal (cluster/node.py, cluster/durability.py):
+the AMQP header's ``durable`` reaches the state and comes back to a consumer;
+a transient publish is settled once applied, a persistent one only once the
+journal's commit covering it is done.
+
+A real ``BrokerNode`` on the in-memory bus, Proton's blocking client in a
+worker thread; the journal's commit is held at a gate to tell the two apart."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+from proton import Disposition, Message
+from proton.utils import BlockingConnection
+
+from cluster.addresses import Address
+from cluster.bus import BusConfig
+from cluster.durability import JournalSettings
+from cluster.node import BrokerConfig, BrokerNode
+from protocol import cluster as pc
+from tests.support.membus import MemoryBus, open_memory_member
+
+TIMEOUT_S = 20.0
+
+
+@asynccontextmanager
+async def journaled_broker(
+    directory: Path,
+) -> AsyncIterator[tuple[BrokerNode, int, threading.Event]]:
+    """A one-node site with a journal; its commits wait for the yielded gate
+    once the broker serves (set it to let them through)."""
+    config = BrokerConfig(
+        cluster="site-p",
+        node=1,
+        bus=BusConfig(backend="embedded", group="site-p", node=1),
+        amqp=Address("127.0.0.1", 0),
+        journal=JournalSettings(str(directory)),
+    )
+    node = BrokerNode(config, open_member=open_memory_member(MemoryBus()))
+    assert node.durability is not None
+    journal = node.durability.journal
+    gate = threading.Event()
+    gate.set()
+    commit = journal.commit
+
+    def gated_commit() -> int:
+        gate.wait(TIMEOUT_S)
+        return commit()
+
+    journal.commit = gated_commit  # type: ignore[method-assign]
+    try:
+        with trio.fail_after(TIMEOUT_S):
+            async with trio.open_nursery() as nursery:
+                port: int = await nursery.start(node.serve)
+                yield node, port, gate
+                nursery.cancel_scope.cancel()
+    finally:
+        gate.set()
+
+
+async def in_thread(fn: Callable[[], Any]) -> Any:
+    return await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
+
+
+def connect(port: int) -> BlockingConnection:
+    return BlockingConnection(f"amqp://127.0.0.1:{port}", timeout=TIMEOUT_S)
+
+
+def declare(port: int, name: str, **args: Any) -> None:
+    conn = connect(port)
+    try:
+        sender = conn.create_sender("$drgate.admin")
+        request = {"op": "add-queue", "name": name, "args": args}
+        delivery = sender.send(Message(body=json.dumps(request)), error_states=[])
+        assert delivery.remote_state == Disposition.ACCEPTED
+    finally:
+        conn.close()
+
+
+def send(port: int, queue: str, body: str, *, durable: bool, **properties: Any) -> bool:
+    """Publish one message; True once the broker accepted it."""
+    conn = connect(port)
+    try:
+        sender = conn.create_sender(queue)
+        message = Message(body=body, durable=durable, properties=properties or None)
+        return bool(sender.send(message, error_states=[]).remote_state == Disposition.ACCEPTED)
+    finally:
+        conn.close()
+
+
+async def wait_for(check: Callable[[], bool]) -> None:
+    """Poll the node's state (it has no event to wait on) up to a deadline."""
+    with trio.fail_after(TIMEOUT_S):
+        while not check():  # noqa: ASYNC110
+            await trio.sleep(0.01)
+
+
+def messages(node: BrokerNode, queue: str) -> list[Any]:
+    return list(node.member.state.queues[queue].messages.values())
+
+
+async def test_a_transient_publish_settles_at_once_a_persistent_one_after_its_commit(
+    tmp_path: Path,
+) -> None:
+    async with journaled_broker(tmp_path / "journal") as (node, port, gate):
+        await in_thread(lambda: declare(port, "keep", durable=True))
+        await in_thread(lambda: declare(port, "temp"))
+        assert node.durability is not None
+        gate.clear()  # from here no commit completes
+        # Transient (by header, or by queue): accepted with the disk held.
+        assert await in_thread(lambda: send(port, "keep", "t1", durable=False))
+        assert await in_thread(lambda: send(port, "temp", "t2", durable=True))
+        # Persistent: applied, but not settled while its commit waits.
+        accepted: list[bool] = []
+
+        async def persistent() -> None:
+            accepted.append(await in_thread(lambda: send(port, "keep", "p1", durable=True)))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(persistent)
+            await wait_for(lambda: len(messages(node, "keep")) == 2)
+            await wait_for(lambda: len(node.durability._unsettled) == 1)  # type: ignore[union-attr]
+            assert accepted == []
+            gate.set()
+        assert accepted == [True]
+
+
+async def test_the_durable_header_reaches_the_state_and_comes_back_to_the_consumer(
+    tmp_path: Path,
+) -> None:
+    async with journaled_broker(tmp_path / "journal") as (node, port, _gate):
+        await in_thread(lambda: declare(port, "keep", durable=True))
+        # A client's application property of the reserved name does not count.
+        await in_thread(lambda: send(port, "keep", "a", durable=True))
+        await in_thread(
+            lambda: send(port, "keep", "b", durable=False, **{pc.DURABLE_PROPERTY: True})
+        )
+        props = [m.properties for m in messages(node, "keep")]
+        assert props == [{pc.DURABLE_PROPERTY: True}, None]
+
+        def consume() -> list[tuple[str, bool]]:
+            conn = connect(port)
+            try:
+                receiver = conn.create_receiver("keep", credit=10)
+                got = []
+                for _ in range(2):
+                    message = receiver.receive(timeout=TIMEOUT_S)
+                    got.append((message.body, bool(message.durable)))
+                    receiver.accept()
+                return got
+            finally:
+                conn.close()
+
+        assert await in_thread(consume) == [("a", True), ("b", False)]
