@@ -3,8 +3,10 @@ publish, then started again on the same directories.  The brokers recover
 from their journals, agree on the most advanced one, keep the incarnation
 and the cseq numbering, and D resumes the link on its own: no
 ``--accept-incarnation``, nothing settled missing at P, nothing applied twice
-at D.  Two sites of three brokers and three sidecars (lab.site.TwoSites,
-``durable=True``)."""
+at D.  Transient state (a non-durable queue, transient messages on a durable
+queue) is gone after the recovery, at P and, by the resync the recovery
+forces, at D.  Two sites of three brokers and three sidecars
+(lab.site.TwoSites, ``durable=True``)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ from tests.lab import converged, queues, status
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
 MODES = {"q-full": "full", "q-enq": "enqueue"}
+# Transient state, replicated in full: a non-durable queue, and a durable
+# queue that gets transient messages only.
+TRANSIENT = {"q-temp": (), "q-mixed": ("--durable",)}
 LOAD = 4000  # per queue: long enough to be killed in the middle
 
 
@@ -30,7 +35,10 @@ def two(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TwoSites]:
     lab.require_bus(request.param)
     with TwoSites(workdir=tmp_path, metrics=True, bus=request.param, durable=True) as sites:
         for queue, mode in MODES.items():
-            done = sites.p.admin(1, "add-queue", queue, "--replicate", mode)
+            done = sites.p.admin(1, "add-queue", queue, "--replicate", mode, "--durable")
+            assert done.returncode == 0, done.stderr
+        for queue, options in TRANSIENT.items():
+            done = sites.p.admin(1, "add-queue", queue, "--replicate", "full", *options)
             assert done.returncode == 0, done.stderr
         yield sites
 
@@ -50,8 +58,17 @@ def consume_all(site: Any, node: int, queue: str) -> list[str]:
 
 
 def test_primary_killed_whole_while_publishing_recovers_all_it_settled(two: TwoSites) -> None:
+    for queue in TRANSIENT:  # transient messages, at D before the power cut
+        sent = two.p.client(1, "publish", two.p.amqp[1], queue, "--count", "20")
+        assert sent["accepted"] == 20
+    for queue in TRANSIENT:
+        lab.wait_for(
+            f"D holds {queue}'s transient messages",
+            lambda queue=queue: converged(two, queue=queue),  # type: ignore[misc]
+        )
     publishers = {
-        q: two.p.client_popen(1, "publish", two.p.amqp[1], q, "--count", str(LOAD)) for q in MODES
+        q: two.p.client_popen(1, "publish", two.p.amqp[1], q, "--count", str(LOAD), "--durable")
+        for q in MODES
     }
     lab.wait_for(
         "P took part of the load",
@@ -71,6 +88,16 @@ def test_primary_killed_whole_while_publishing_recovers_all_it_settled(two: TwoS
     at_p = queues(two.p.describe(2))
     for queue, count in settled.items():
         assert at_p[queue]["depth"] >= count, f"settled messages of {queue} were lost at P"
+    # Transient state is gone: at P, and at D by the resync the recovery forced.
+    assert "q-temp" not in at_p and at_p["q-mixed"]["depth"] == 0
+    lab.wait_for(
+        "D dropped the transient state P dropped",
+        lambda: (
+            queues(two.d.describe(2)).get("q-temp", {}).get("depth", 0) == 0
+            and queues(two.d.describe(2))["q-mixed"]["depth"] == 0
+        ),
+        timeout=60,
+    )
     # D's enqueue copy: every message P holds, once, in order (R1 stayed exact).
     p_ids = consume_all(two.p, 2, "q-enq")
     lab.wait_for(
@@ -82,6 +109,8 @@ def test_primary_killed_whole_while_publishing_recovers_all_it_settled(two: TwoS
     assert d_ids == p_ids, "D lost, doubled or reordered what P recovered"
     assert p_ids[: settled["q-enq"]] == [f"m-{i}" for i in range(1, settled["q-enq"] + 1)]
     # And the site goes on: new publishes reach D.
-    more = two.p.client(1, "publish", two.p.amqp[1], "q-full", "--count", "50", "--start", "9001")
+    more = two.p.client(
+        1, "publish", two.p.amqp[1], "q-full", "--count", "50", "--start", "9001", "--durable"
+    )
     assert more["accepted"] == 50
     lab.wait_for("the stream after the recovery reaches D", lambda: converged(two))
