@@ -3,6 +3,8 @@ clock: role choice, takeover when the egress is lost, a minority stands down."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,13 +13,18 @@ import pytest
 import trio
 import trio.testing
 
+from cluster import state as st
 from cluster.addresses import Address
+from cluster.bus import BusConfig
+from cluster.member import NullObserver, SiteMember
 from gateway.roles import SidecarRole
 from gateway.sidecar import Sidecar
 from protocol import cluster as pc
 from protocol.errors import BusError
+from protocol.modes import Role
 from tests.support.linkpeer import sidecar_config
 from tests.support.membus import MemoryBus, open_memory_member
+from tests.support.state import genesis_state
 
 WITHIN_S = 30.0  # virtual seconds
 
@@ -158,4 +165,62 @@ async def test_a_command_the_tap_cannot_forward_makes_d_resync_not_the_sidecar_s
         # A D that holds what was spooled before the failure cannot stream past it.
         assert egress.spool.floor >= failed_at
         assert egress.spool.needs_resync(served)
+        nursery.cancel_scope.cancel()
+
+
+async def recover_site(tmp_path: Path, nursery: trio.Nursery, recovered: st.SiteState) -> Sidecar:
+    """P restarted whole: a sidecar joins, then a broker whose journal
+    recovered ``recovered``; the sidecar once the site is live again."""
+    hub = MemoryBus(group="site-p")
+    config = sidecar_config(tmp_path, primary=True, site="site-p", peer="site-d", node=1)
+    config = dataclasses.replace(config, bus=dataclasses.replace(config.bus, expect_brokers=1))
+
+    async def connect(address: Address) -> trio.abc.Stream:
+        await trio.sleep(1)
+        raise OSError(f"{address} does not answer (test)")
+
+    sidecar = Sidecar(config, open_member=open_memory_member(hub), connect=connect)
+    nursery.start_soon(
+        functools.partial(PrimarySite._serve, sidecar, task_status=trio.TASK_STATUS_IGNORED)
+    )
+    with trio.fail_after(WITHIN_S):
+        await sidecar.member.ready.wait()
+    broker = SiteMember(
+        "site-p",
+        BusConfig("memory", "site-p", 9, expect_brokers=1),
+        role=Role.BROKER,
+        observer=NullObserver(),
+        open_member=open_memory_member(hub),
+    )
+    broker.recovered = recovered
+    nursery.start_soon(broker.serve)
+    with trio.fail_after(WITHIN_S):
+        await sidecar.member.site_live.wait()
+        while sidecar.spool is None:  # noqa: ASYNC110 (serve opens it right after)
+            await trio.sleep(0.1)
+    return sidecar
+
+
+def journal_state(*, transient: bool) -> st.SiteState:
+    state = genesis_state("site-p", 7)
+    st.apply(state, pc.QueueDeclare("q-full", {"durable": True}))
+    st.apply(state, pc.Publish("", "q-full", b"kept", "1", {pc.DURABLE_PROPERTY: True}))
+    if transient:
+        st.apply(state, pc.Publish("", "q-full", b"", "2"))  # its body was not journaled
+    return state
+
+
+@pytest.mark.parametrize("transient", [True, False])
+async def test_a_recovery_that_dropped_transient_state_resyncs_d(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, transient: bool
+) -> None:
+    async with trio.open_nursery() as nursery:
+        sidecar = await recover_site(tmp_path, nursery, journal_state(transient=transient))
+        assert sidecar.state.incarnation == 7
+        assert [m.message_id for m in sidecar.state.queues["q-full"].messages.values()] == ["1"]
+        assert bool(sidecar.member.recovery_dropped) == transient
+        assert sidecar.egress is not None
+        # D's next connection gets a resync at a cut after the recovery point,
+        # whatever the spool holds below it.
+        assert sidecar.egress._force_resync == transient
         nursery.cancel_scope.cancel()
