@@ -36,6 +36,14 @@ REQUESTS = [
             "args": {"qpid.max_count": 100, "x-colour": "blue", "n": -3},
         },
     ),
+    (
+        ["add-queue", "q", "--durable"],
+        {"op": "add-queue", "name": "q", "args": {"durable": True}},
+    ),
+    (
+        ["add-exchange", "fanout", "x", "--durable"],
+        {"op": "add-exchange", "name": "x", "type": "fanout", "args": {"durable": True}},
+    ),
     (["del-queue", "q"], {"op": "del-queue", "name": "q"}),
     (["purge", "q"], {"op": "purge", "name": "q"}),
     (
