@@ -82,6 +82,7 @@ from protocol.cluster import (
     Purge,
     QueueDeclare,
     QueueDelete,
+    ForceRecovery,
     Recovering,
     RecoveryChunk,
     Release,
@@ -640,10 +641,8 @@ def _durable(state: SiteState, cmd: Durable, sender: Sender | None, eff: Effects
 
 def _recovering(state: SiteState, cmd: Recovering, sender: Sender | None, eff: Effects) -> None:
     """A site that started with no member alive collects what its brokers
-    recovered; once ``expect`` of them reported, the most advanced (highest
-    cseq, then the lowest node) is chosen and every member takes its state
-    (``RecoveryChunk``, cluster/member.py), or, when none recovered anything,
-    the site starts from nothing with the lowest broker's proposal."""
+    recovered; once ``expect`` of them reported, the most advanced is chosen
+    (:func:`_choose_recovery`)."""
     if state.incarnation != 0 or state.recovery_winner is not None:
         state.count("ignored")
         return
@@ -651,6 +650,26 @@ def _recovering(state: SiteState, cmd: Recovering, sender: Sender | None, eff: E
     state.recovery_expect = max(state.recovery_expect, cmd.expect)
     if len(state.candidates) < state.recovery_expect:
         return
+    _choose_recovery(state, cmd.cluster, eff)
+
+
+def _force_recovery(
+    state: SiteState, cmd: ForceRecovery, sender: Sender | None, eff: Effects
+) -> None:
+    """The operator stops the wait for brokers that are gone for good: the
+    choice is made among those that reported.  Ignored on a live site, once
+    the choice is made, and when nobody reported (nothing to choose from)."""
+    if state.incarnation != 0 or state.recovery_winner is not None or not state.candidates:
+        state.count("ignored")
+        return
+    _choose_recovery(state, cmd.cluster, eff)
+
+
+def _choose_recovery(state: SiteState, cluster: str, eff: Effects) -> None:
+    """The most advanced report (highest cseq, then the lowest node) wins and
+    every member takes its state (``RecoveryChunk``, cluster/member.py); when
+    none recovered anything, the site starts from nothing with the lowest
+    broker's proposal."""
     node, (pid, cseq, _inc, _proposal) = max(
         state.candidates.items(), key=lambda c: (c[1][1], -c[0])
     )
@@ -658,10 +677,10 @@ def _recovering(state: SiteState, cmd: Recovering, sender: Sender | None, eff: E
         state.recovery_winner = (node, pid)
         return
     lowest = min(state.candidates)
-    state.cluster = cmd.cluster
+    state.cluster = cluster
     state.incarnation = state.candidates[lowest][3]
     state.candidates.clear()
-    eff.append(GenesisApplied(cmd.cluster, state.incarnation, True))
+    eff.append(GenesisApplied(cluster, state.incarnation, True))
 
 
 def _recovery_chunk(
@@ -782,6 +801,7 @@ _LOCAL: dict[type, Callable[[SiteState, Any, Sender | None, Effects], None]] = {
     Durable: _durable,
     Recovering: _recovering,
     RecoveryChunk: _recovery_chunk,
+    ForceRecovery: _force_recovery,
     AckWatermark: _ack_watermark,
     MemberReady: _member_ready,
     Genesis: _genesis,
