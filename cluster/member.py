@@ -83,6 +83,25 @@ _ENVELOPE = struct.Struct(">QI")
 _MEMBER = struct.Struct(">II")
 
 
+# The operator's way out when a broker of a recovering site is gone for good
+# (docs/broker.md, "Durability"): in every message that says the site waits.
+FORCE_HINT = (
+    "drgate recover --force --config <a broker's or sidecar's config> continues from "
+    "those that reported"
+)
+
+
+def recovery_progress(state: st.SiteState) -> str:
+    """Who reported what to a site waiting for its brokers' journals, for
+    people: ``2 of 3 brokers reported (node 1 cseq 900, node 3 cseq 400)``."""
+    reports = ", ".join(
+        f"node {node} cseq {report[1]}" for node, report in sorted(state.candidates.items())
+    )
+    return f"{len(state.candidates)} of {state.recovery_expect} brokers reported" + (
+        f" ({reports})" if reports else ""
+    )
+
+
 class MemberObserver(Protocol):
     """What a :class:`SiteMember` tells its owner, from the applier, in stream
     order.  No hook may wait: to multicast, use :meth:`SiteMember.post`."""
@@ -396,10 +415,11 @@ class SiteMember:
         cseq, incarnation = (0, 0) if got is None else (got.cseq, got.incarnation)
         log.info(
             "site %s starts with no member alive: this broker recovered cseq %d; waiting for "
-            "%d brokers' reports",
+            "%d brokers' reports (a broker gone for good: %s)",
             self.cluster,
             cseq,
             self.bus_config.expect_brokers,
+            FORCE_HINT,
         )
         self.post(
             pc.Recovering(
@@ -414,8 +434,11 @@ class SiteMember:
         )
 
     def _after_recovering(self) -> None:
-        """The chosen broker sends its recovered state to the whole site."""
+        """After a report (or the operator's ``ForceRecovery``): say how far
+        the wait is; the chosen broker sends its recovered state to the site."""
         winner = self.state.recovery_winner
+        if winner is None and self.state.incarnation == 0:
+            log.info("recovery: %s; waiting", recovery_progress(self.state))
         if winner is None or self.me is None or self._recovery_sent:
             return
         if winner != (self.me.node, self.me.pid) or self.recovered is None:
@@ -551,7 +574,7 @@ class SiteMember:
             if isinstance(cmd, pc.MemberReady):
                 self.membership.on_member_ready(event.sender)
             effects = st.apply(self.state, cmd, sender=event.sender)
-            if isinstance(cmd, pc.Recovering):
+            if isinstance(cmd, pc.Recovering | pc.ForceRecovery):
                 self._after_recovering()
             elif isinstance(cmd, pc.RecoveryChunk):
                 self._take_recovery_chunk(cmd, event.sender)
