@@ -438,7 +438,7 @@ class SiteMember:
         the wait is; the chosen broker sends its recovered state to the site."""
         winner = self.state.recovery_winner
         if winner is None and self.state.incarnation == 0:
-            log.info("recovery: %s; waiting", recovery_progress(self.state))
+            log.info("recovery: %s; waiting (%s)", recovery_progress(self.state), FORCE_HINT)
         if winner is None or self.me is None or self._recovery_sent:
             return
         if winner != (self.me.node, self.me.pid) or self.recovered is None:
