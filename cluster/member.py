@@ -444,6 +444,17 @@ class SiteMember:
         if winner != (self.me.node, self.me.pid) or self.recovered is None:
             return
         self._recovery_sent = True
+        if st.recovery_loses_history(self.state):
+            # Another broker may have had more on disk, and D may hold it: the
+            # site goes on as a new incarnation (this broker's proposal).
+            self.recovered.incarnation = self.state.candidates[winner[0]][3]
+            log.warning(
+                "recovery: chosen without every broker's journal (forced, or an empty one): "
+                "site %s continues as a new incarnation %#x; its DR site resyncs once its "
+                "operator accepts it",
+                self.cluster,
+                self.recovered.incarnation,
+            )
         blob = st.snapshot(self.recovered)
         log.info(
             "recovery: this broker's journal (cseq %d) is the most advanced: sending it to the "

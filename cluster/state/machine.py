@@ -683,6 +683,21 @@ def _choose_recovery(state: SiteState, cluster: str, eff: Effects) -> None:
     eff.append(GenesisApplied(cluster, state.incarnation, True))
 
 
+def recovery_loses_history(state: SiteState) -> bool:
+    """The recovery chose a journal that may lack commands another broker had
+    on disk, which the site's DR site may hold (the egress forwards what any
+    broker had on disk, ``Durable``): the choice was forced before every
+    broker reported (``ForceRecovery``), or a broker reported an empty journal
+    (a new or re-seeded disk) while others held one.  Reusing those cseqs in
+    the same incarnation would make D skip the new commands as ones it has,
+    so the site continues as a new incarnation (cluster/member.py): D refuses
+    it until its operator accepts it, and a resync makes D exact."""
+    if state.recovery_winner is None:
+        return False
+    reports = state.candidates.values()
+    return len(state.candidates) < state.recovery_expect or any(r[1] == 0 for r in reports)
+
+
 def _recovery_chunk(
     state: SiteState, cmd: RecoveryChunk, sender: Sender | None, eff: Effects
 ) -> None:

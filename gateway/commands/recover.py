@@ -23,6 +23,7 @@ from typing import Any
 
 import trio
 
+from cluster import state as st
 from cluster.bus import BusConfig, open_bus
 from cluster.member import BusOpener, SiteMember, recovery_progress
 from cluster.state.model import SiteState
@@ -189,6 +190,7 @@ async def _wait_live(
     if winner is not None:
         cseq = state.candidates[winner[0]][1]
         say(f"forced: site {site} continues from node {winner[0]}'s journal (cseq {cseq})")
+    new_incarnation = st.recovery_loses_history(state)
     result["forced"] = True
     with trio.move_on_after(within_s):
         await member.site_live.wait()
@@ -203,5 +205,12 @@ async def _wait_live(
         f"site {site} is live: incarnation {state.incarnation:#x}, cseq {state.cseq}; brokers "
         "that did not report take the state from the others when they start"
     )
+    if new_incarnation:
+        say(
+            f"the absent brokers may have had more on disk, which {site}'s DR site may hold: "
+            f"{site} goes on as a new incarnation, which the DR site refuses until you run "
+            f"there: drgate resync --accept-incarnation {state.incarnation} --origin {site} "
+            "--config <a DR sidecar's config> (a resync makes it exact)"
+        )
     result.update(live=True, incarnation=state.incarnation, cseq=state.cseq)
     return result

@@ -73,3 +73,28 @@ def test_a_forced_recovery_without_reports_or_on_a_live_site_is_ignored() -> Non
     st.apply(s, pc.ForceRecovery("site-p", 2))
     assert (s.recovery_winner, s.incarnation) == (None, 42)
     assert s.counters["ignored"] == 2
+
+
+def test_a_choice_that_may_lose_history_is_flagged() -> None:
+    """Forced before every broker reported, or with an empty journal among
+    non-empty ones (a new or re-seeded disk): D may hold commands the chosen
+    journal lacks, so the site must not reuse their cseqs as the same
+    incarnation."""
+    complete = st.new_state()
+    for node, cseq in ((1, 900), (2, 900), (3, 400)):
+        st.apply(complete, _report(node, cseq))
+    assert complete.recovery_winner is not None
+    assert not st.recovery_loses_history(complete)
+
+    forced = st.new_state()
+    for node, cseq in ((2, 900), (3, 400)):
+        st.apply(forced, _report(node, cseq))
+    assert not st.recovery_loses_history(forced)  # nothing chosen yet
+    st.apply(forced, pc.ForceRecovery("site-p", 1))
+    assert st.recovery_loses_history(forced)
+
+    reseeded = st.new_state()
+    for node, cseq in ((1, 0), (2, 900), (3, 900)):
+        st.apply(reseeded, _report(node, cseq))
+    assert reseeded.recovery_winner == (2, 102)
+    assert st.recovery_loses_history(reseeded)

@@ -152,6 +152,7 @@ def test_a_broker_gone_for_good_is_left_behind_by_recover_force(site: BrokerSite
     forced = site.drgate(1, "recover", "--force", "--config", config)
     assert forced.returncode == 0, forced.stderr
     assert "site site-p is live" in forced.stdout
+    assert "drgate resync --accept-incarnation" in forced.stdout  # node 3 may have had more
     wait_for("the site recovered", lambda: depth(site, 2) == COUNT)
     publish(site, 2, 20)
     site.start_broker(3)  # back with an empty disk: it joins the live site
