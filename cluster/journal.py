@@ -85,8 +85,12 @@ __all__ = [
     "FSYNC_POLICIES",
     "Journal",
     "JournalError",
+    "JournalReport",
     "JournalStatistics",
     "RecoveredState",
+    "TornTail",
+    "inspect_journal",
+    "lock_held",
 ]
 
 # ``batch``: one fdatasync per commit, so a settled durable message survives
@@ -114,11 +118,20 @@ class JournalError(DrgateError):
         self.offset = offset
 
 
+# What a damaged journal's error tells the operator to do (docs/broker.md,
+# "Durability"): the one command, and what happens next.
+RESEED_HINT: Final = (
+    "Fix: stop the node, run `drgate journal reseed --config <this broker's config>` (it moves "
+    "{directory} aside, kept for analysis) and start the node: it takes the state from its "
+    "peers (the whole site down: from the other brokers' journals, `drgate recover --force` "
+    "if they wait for this one)."
+)
+
+
 def _corrupt(path: Path, offset: int, what: str) -> JournalError:
     return JournalError(
         f"{path}: byte offset {offset}: {what}. The journal is corrupted, not torn by a crash. "
-        f"Fix: stop the node, move the journal directory {path.parent} aside (keep it for "
-        "analysis) and start the node: it takes the state from its peers.",
+        + RESEED_HINT.format(directory=path.parent),
         path=path,
         offset=offset,
     )
@@ -150,6 +163,36 @@ class JournalStatistics:
     commits: int
     fsync_seconds_total: float
     fsync_last_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class TornTail:
+    """A record cut short at the end of the last segment (a crash mid-write):
+    an open cuts ``dropped_bytes`` at ``offset`` of ``path``."""
+
+    path: Path
+    offset: int
+    dropped_bytes: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class JournalReport:
+    """What :func:`inspect_journal` found in a journal directory.
+
+    ``checkpoint_cseq`` (0: none) and ``last_cseq`` (0: empty) are what a
+    start would recover; ``damage`` is the error a start would stop with
+    (then the cseqs are what the files' names and headers say);
+    ``in_use``: a running node holds the directory."""
+
+    directory: Path
+    in_use: bool
+    checkpoint_cseq: int
+    last_cseq: int
+    bytes_on_disk: int
+    files: int
+    torn_tail: TornTail | None
+    damage: JournalError | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,74 +313,18 @@ class Journal:
         started = time.perf_counter()
         if self._files.base is None and self._next == 1:
             return None
-        candidates: list[_Checkpoint | None] = list(self._files.checkpoints)
-        if (self.directory / pj.segment_name(1)).exists():
-            candidates.append(None)  # the chain from the site's first command
-        first_error: JournalError | None = None
-        for ckpt in candidates:
-            try:
-                state = self._restore(ckpt)
-                chain = (
-                    self._files.chain if ckpt is self._files.base else _chain(self.directory, ckpt)
-                )
-            except JournalError as exc:
-                log.warning("journal.recover checkpoint=unusable error=%s", exc)
-                first_error = first_error or exc
-                continue
-            replayed = self._replay(state, chain)
-            self._forget_older(ckpt, chain)
-            base = 0 if ckpt is None else ckpt.cseq
-            seconds = time.perf_counter() - started
-            log.info(
-                "journal.recover cseq=%d checkpoint_cseq=%d frames=%d seconds=%.3f",
-                state.cseq,
-                base,
-                replayed,
-                seconds,
-            )
-            return RecoveredState(state, state.cseq, replayed, base, seconds)
-        raise first_error or JournalError(
-            f"{self.directory}: no checkpoint and no {pj.segment_name(1)}: the journal does "
-            "not reach back to the site's first command. Fix: move the journal directory "
-            "aside and start the node: it takes the state from its peers.",
-            path=self.directory,
+        state, ckpt, chain, replayed = _rebuild(self.directory, self._files)
+        self._forget_older(ckpt, chain)
+        base = 0 if ckpt is None else ckpt.cseq
+        seconds = time.perf_counter() - started
+        log.info(
+            "journal.recover cseq=%d checkpoint_cseq=%d frames=%d seconds=%.3f",
+            state.cseq,
+            base,
+            replayed,
+            seconds,
         )
-
-    def _restore(self, ckpt: _Checkpoint | None) -> SiteState:
-        if ckpt is None:
-            return st.new_state()
-        data = ckpt.path.read_bytes()
-        try:
-            cseq, snapshot = pj.decode_checkpoint_untrusted(data)
-            state = st.restore_untrusted(snapshot)
-        except RemoteProtocolError as exc:
-            raise _corrupt(ckpt.path, 0, f"checkpoint is damaged ({exc})") from exc
-        if cseq != ckpt.cseq or state.cseq != cseq:
-            raise _corrupt(
-                ckpt.path, 0, f"checkpoint says cseq {cseq}, its state cseq {state.cseq}"
-            )
-        return state
-
-    def _replay(self, state: SiteState, chain: list[_Segment]) -> int:
-        replayed = 0
-        for seg in chain:
-            data = seg.path.read_bytes()[: seg.size]
-            offset = pj.SEGMENT_HEADER_SIZE
-            while offset < len(data):
-                try:
-                    rec = pj.next_record_untrusted(data, offset)
-                except RemoteProtocolError as exc:
-                    raise _corrupt(seg.path, offset, str(exc)) from exc
-                if rec.first_cseq != state.cseq + 1:
-                    raise _corrupt(
-                        seg.path,
-                        offset,
-                        f"record of cseq {rec.first_cseq} follows the state at cseq {state.cseq}",
-                    )
-                _apply_record(state, seg.path, rec)
-                replayed += 1
-                offset = rec.end
-        return replayed
+        return RecoveredState(state, state.cseq, replayed, base, seconds)
 
     def _forget_older(self, used: _Checkpoint | None, chain: list[_Segment]) -> None:
         """After a recovery from ``used``: delete what no recovery needs any more."""
@@ -557,6 +544,70 @@ class Journal:
 # --- replay ---------------------------------------------------------------------
 
 
+def _rebuild(
+    directory: Path, files: _Files, *, torn: list[TornTail] | None = None
+) -> tuple[SiteState, _Checkpoint | None, list[_Segment], int]:
+    """The state the journal holds: (state, the checkpoint used, the chain
+    replayed after it, records replayed).  The newest usable checkpoint wins
+    (``files.checkpoints``, then the chain from ``journal-1`` if it is there);
+    raises the first checkpoint's :class:`JournalError` when none is usable,
+    or the damage a replay meets.  ``torn``: see :func:`_chain`."""
+    candidates: list[_Checkpoint | None] = list(files.checkpoints)
+    if (directory / pj.segment_name(1)).exists():
+        candidates.append(None)  # the chain from the site's first command
+    first_error: JournalError | None = None
+    for ckpt in candidates:
+        try:
+            state = _restore(ckpt)
+            chain = files.chain if ckpt is files.base else _chain(directory, ckpt, torn=torn)
+        except JournalError as exc:
+            log.warning("journal.recover checkpoint=unusable error=%s", exc)
+            first_error = first_error or exc
+            continue
+        return state, ckpt, chain, _replay(state, chain)
+    raise first_error or JournalError(
+        f"{directory}: no checkpoint and no {pj.segment_name(1)}: the journal does "
+        "not reach back to the site's first command. " + RESEED_HINT.format(directory=directory),
+        path=directory,
+    )
+
+
+def _restore(ckpt: _Checkpoint | None) -> SiteState:
+    if ckpt is None:
+        return st.new_state()
+    data = ckpt.path.read_bytes()
+    try:
+        cseq, snapshot = pj.decode_checkpoint_untrusted(data)
+        state = st.restore_untrusted(snapshot)
+    except RemoteProtocolError as exc:
+        raise _corrupt(ckpt.path, 0, f"checkpoint is damaged ({exc})") from exc
+    if cseq != ckpt.cseq or state.cseq != cseq:
+        raise _corrupt(ckpt.path, 0, f"checkpoint says cseq {cseq}, its state cseq {state.cseq}")
+    return state
+
+
+def _replay(state: SiteState, chain: list[_Segment]) -> int:
+    replayed = 0
+    for seg in chain:
+        data = seg.path.read_bytes()[: seg.size]
+        offset = pj.SEGMENT_HEADER_SIZE
+        while offset < len(data):
+            try:
+                rec = pj.next_record_untrusted(data, offset)
+            except RemoteProtocolError as exc:
+                raise _corrupt(seg.path, offset, str(exc)) from exc
+            if rec.first_cseq != state.cseq + 1:
+                raise _corrupt(
+                    seg.path,
+                    offset,
+                    f"record of cseq {rec.first_cseq} follows the state at cseq {state.cseq}",
+                )
+            _apply_record(state, seg.path, rec)
+            replayed += 1
+            offset = rec.end
+    return replayed
+
+
 def _apply_record(state: SiteState, path: Path, rec: pj.JournalRecord) -> None:
     """Apply one record to ``state`` (sender ``None``: the replay's effects are
     not sent to anybody, and a ``SessionOpen`` the node journaled was accepted)."""
@@ -594,6 +645,61 @@ def _lock(directory: Path) -> int:
     return fd
 
 
+def lock_held(directory: Path) -> bool:
+    """A process (a running node) holds ``directory``'s journal lock; creates nothing."""
+    try:
+        fd = os.open(directory / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def inspect_journal(directory: str | os.PathLike[str]) -> JournalReport:
+    """What the journal in ``directory`` holds and whether a start would
+    accept it, changing nothing (a torn tail is reported, not cut; nothing is
+    created, deleted or renamed): every record's CRC is checked and the state
+    rebuilt as a start would.  Raises :class:`JournalError` when there is no
+    such directory.  Safe while a node runs (its last record may then be
+    reported torn: it is being written)."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise JournalError(
+            f"{path}: no journal directory there (a node started on it begins with an "
+            "empty journal)",
+            path=path,
+        )
+    files = [*_segment_paths(path), *_checkpoint_paths(path)]
+    on_disk = sum(p.stat().st_size for p in files)
+    torn: list[TornTail] = []
+    checkpoint_cseq = last_cseq = 0
+    damage: JournalError | None = None
+    try:
+        found = _scan(path, torn=torn)
+        checkpoint_cseq = 0 if found.base is None else found.base.cseq
+        last_cseq = found.chain[-1].end_cseq - 1 if found.chain else checkpoint_cseq
+        if found.base is not None or found.chain:
+            state, ckpt, _chain_used, _count = _rebuild(path, found, torn=torn)
+            checkpoint_cseq, last_cseq = (0 if ckpt is None else ckpt.cseq), state.cseq
+    except JournalError as exc:
+        damage = exc
+    return JournalReport(
+        path,
+        lock_held(path),
+        checkpoint_cseq,
+        last_cseq,
+        on_disk,
+        len(files),
+        torn[0] if torn else None,
+        damage,
+    )
+
+
 def _cseq_of(path: Path, prefix: str, suffix: str) -> int:
     try:
         return int(path.name[len(prefix) : -len(suffix)])
@@ -609,8 +715,9 @@ def _checkpoint_paths(directory: Path) -> list[Path]:
     return sorted(directory.glob(f"{pj.CHECKPOINT_PREFIX}*{pj.CHECKPOINT_SUFFIX}"), reverse=True)
 
 
-def _scan(directory: Path) -> _Files:
-    """The newest checkpoint whose header is good, and the chain after it."""
+def _scan(directory: Path, *, torn: list[TornTail] | None = None) -> _Files:
+    """The newest checkpoint whose header is good, and the chain after it
+    (``torn``: see :func:`_chain`)."""
     checkpoints: list[_Checkpoint] = []
     for path in _checkpoint_paths(directory):
         cseq = _cseq_of(path, pj.CHECKPOINT_PREFIX, pj.CHECKPOINT_SUFFIX)
@@ -627,12 +734,15 @@ def _scan(directory: Path) -> _Files:
             continue
         checkpoints.append(_Checkpoint(path, cseq, size))
     base = checkpoints[0] if checkpoints else None
-    return _Files(checkpoints, base, _chain(directory, base))
+    return _Files(checkpoints, base, _chain(directory, base, torn=torn))
 
 
-def _chain(directory: Path, base: _Checkpoint | None) -> list[_Segment]:
+def _chain(
+    directory: Path, base: _Checkpoint | None, *, torn: list[TornTail] | None = None
+) -> list[_Segment]:
     """The segments after ``base`` (cseq 0 without one), each checked; the
-    last one's torn tail is cut.  Raises :class:`JournalError` on damage."""
+    last one's torn tail is cut, or, given a ``torn`` list, only recorded
+    there (nothing is written).  Raises :class:`JournalError` on damage."""
     after = 0 if base is None else base.cseq
     paths = [
         (p, c)
@@ -653,14 +763,19 @@ def _chain(directory: Path, base: _Checkpoint | None) -> list[_Segment]:
                 else "no checkpoint covers the cseqs before it"
             )
             raise _corrupt(path, 0, f"segment starts at cseq {first}, but {before}")
-        seg = _check_segment(path, first, last=k == len(paths) - 1)
+        seg = _check_segment(path, first, last=k == len(paths) - 1, torn=torn)
         chain.append(seg)
         expected = seg.end_cseq
     return chain
 
 
-def _check_segment(path: Path, first: int, *, last: bool) -> _Segment:
+def _check_segment(
+    path: Path, first: int, *, last: bool, torn: list[TornTail] | None = None
+) -> _Segment:
     data = path.read_bytes()
+    if len(data) < pj.SEGMENT_HEADER_SIZE and last and torn is not None:
+        torn.append(TornTail(path, 0, len(data), "the segment header is cut short"))
+        return _Segment(path, first, first, 0)
     if len(data) < pj.SEGMENT_HEADER_SIZE and last:
         # Created, crashed before its header was on disk: start it again.
         log.warning("journal.open truncated=torn-header file=%s bytes=%d", path, len(data))
@@ -680,6 +795,9 @@ def _check_segment(path: Path, first: int, *, last: bool) -> _Segment:
         try:
             rec = pj.next_record_untrusted(data, offset)
         except pj.RecordDamage as exc:
+            if exc.cut and last and torn is not None:
+                torn.append(TornTail(path, offset, len(data) - offset, str(exc)))
+                break
             if exc.cut and last:
                 _truncate(path, offset, len(data), str(exc))
                 break

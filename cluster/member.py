@@ -84,6 +84,25 @@ _ENVELOPE = struct.Struct(">QI")
 _MEMBER = struct.Struct(">II")
 
 
+# The operator's way out when a broker of a recovering site is gone for good
+# (docs/broker.md, "Durability"): in every message that says the site waits.
+FORCE_HINT = (
+    "drgate recover --force --config <a broker's or sidecar's config> continues from "
+    "those that reported"
+)
+
+
+def recovery_progress(state: st.SiteState) -> str:
+    """Who reported what to a site waiting for its brokers' journals, for
+    people: ``2 of 3 brokers reported (node 1 cseq 900, node 3 cseq 400)``."""
+    reports = ", ".join(
+        f"node {node} cseq {report[1]}" for node, report in sorted(state.candidates.items())
+    )
+    return f"{len(state.candidates)} of {state.recovery_expect} brokers reported" + (
+        f" ({reports})" if reports else ""
+    )
+
+
 class MemberObserver(Protocol):
     """What a :class:`SiteMember` tells its owner, from the applier, in stream
     order.  No hook may wait: to multicast, use :meth:`SiteMember.post`."""
@@ -399,10 +418,11 @@ class SiteMember:
         cseq, incarnation = (0, 0) if got is None else (got.cseq, got.incarnation)
         log.info(
             "site %s starts with no member alive: this broker recovered cseq %d; waiting for "
-            "%d brokers' reports",
+            "%d brokers' reports (a broker gone for good: %s)",
             self.cluster,
             cseq,
             self.bus_config.expect_brokers,
+            FORCE_HINT,
         )
         self.post(
             pc.Recovering(
@@ -417,13 +437,27 @@ class SiteMember:
         )
 
     def _after_recovering(self) -> None:
-        """The chosen broker sends its recovered state to the whole site."""
+        """After a report (or the operator's ``ForceRecovery``): say how far
+        the wait is; the chosen broker sends its recovered state to the site."""
         winner = self.state.recovery_winner
+        if winner is None and self.state.incarnation == 0:
+            log.info("recovery: %s; waiting (%s)", recovery_progress(self.state), FORCE_HINT)
         if winner is None or self.me is None or self._recovery_sent:
             return
         if winner != (self.me.node, self.me.pid) or self.recovered is None:
             return
         self._recovery_sent = True
+        if st.recovery_loses_history(self.state):
+            # Another broker may have had more on disk, and D may hold it: the
+            # site goes on as a new incarnation (this broker's proposal).
+            self.recovered.incarnation = self.state.candidates[winner[0]][3]
+            log.warning(
+                "recovery: chosen without every broker's journal (forced, or an empty one): "
+                "site %s continues as a new incarnation %#x; its DR site resyncs once its "
+                "operator accepts it",
+                self.cluster,
+                self.recovered.incarnation,
+            )
         blob = st.snapshot(self.recovered)
         log.info(
             "recovery: this broker's journal (cseq %d) is the most advanced: sending it to the "
@@ -561,7 +595,7 @@ class SiteMember:
             if isinstance(cmd, pc.MemberReady):
                 self.membership.on_member_ready(event.sender)
             effects = st.apply(self.state, cmd, sender=event.sender)
-            if isinstance(cmd, pc.Recovering):
+            if isinstance(cmd, pc.Recovering | pc.ForceRecovery):
                 self._after_recovering()
             elif isinstance(cmd, pc.RecoveryChunk):
                 self._take_recovery_chunk(cmd, event.sender)

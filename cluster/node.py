@@ -57,7 +57,7 @@ from cluster.amqp import (
 from cluster.amqpauth import AmqpSecurity, Principal
 from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
 from cluster.durability import JournalSettings, NodeJournal
-from cluster.member import BusOpener, NullObserver, SiteMember
+from cluster.member import FORCE_HINT, BusOpener, NullObserver, SiteMember
 from cluster.state.model import SiteState
 from cluster.state.persistence import publish_persistent
 from cluster.statistics import BusSection, JournalSection, NodeStatistics
@@ -234,8 +234,8 @@ class BrokerNode(NullObserver):
             return (
                 f"site {self.config.cluster} is recovering from its brokers' journals: "
                 f"{len(state.candidates)} of {self.member.bus_config.expect_brokers} brokers "
-                "reported; it serves clients once every broker is back (or an operator forces "
-                "the recovery, docs/broker.md 'Durability')"
+                "reported; it serves clients once every broker is back (a broker gone for "
+                f"good: {FORCE_HINT}; docs/broker.md 'Durability')"
             )
         return (
             f"broker node {self.config.node} of {self.config.cluster} is in a minority partition "

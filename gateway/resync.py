@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from cluster.bus import BusConfig
-from cluster.member import NullObserver, SiteMember
+from cluster.bus import BusConfig, open_bus
+from cluster.member import BusOpener, NullObserver, SiteMember
 from cluster.state.model import Origin, SiteState
 from cluster.state.views import applied
 from filters.matcher import RuleSet
@@ -238,8 +238,10 @@ class AdminMember(NullObserver):
     so it reads the site state, submits commands and waits until they are
     applied, then leaves.  It needs none of the member's hooks."""
 
-    def __init__(self, cluster: str, bus: BusConfig) -> None:
-        self.member = SiteMember(cluster, bus, role=Role.ADMIN, observer=self)
+    def __init__(self, cluster: str, bus: BusConfig, *, open_member: BusOpener = open_bus) -> None:
+        self.member = SiteMember(
+            cluster, bus, role=Role.ADMIN, observer=self, open_member=open_member
+        )
 
     @property
     def state(self) -> SiteState:
@@ -253,10 +255,11 @@ class AdminMember(NullObserver):
 
 @contextlib.asynccontextmanager
 async def open_admin_member(
-    cluster: str, bus: BusConfig, *, join_within_s: float = 30.0
+    cluster: str, bus: BusConfig, *, join_within_s: float = 30.0, open_member: BusOpener = open_bus
 ) -> AsyncIterator[AdminMember]:
-    """Join ``cluster``'s bus; yields once the site state is here."""
-    member = AdminMember(cluster, bus)
+    """Join ``cluster``'s bus (through ``open_member``: a test's in-memory
+    bus); yields once the site state is here."""
+    member = AdminMember(cluster, bus, open_member=open_member)
     async with trio.open_nursery() as nursery:
         with trio.move_on_after(join_within_s) as scope:
             await nursery.start(member.member.serve)

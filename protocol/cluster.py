@@ -422,6 +422,18 @@ class RecoveryChunk(_CommandBase):
     data: Body = b""
 
 
+# key=cluster  meta: time_us u64
+@_command(Kind.FORCE_RECOVERY, key="cluster", meta=[("time_us", Int64ub)])
+@dataclass(frozen=True, slots=True)
+class ForceRecovery(_CommandBase):
+    """An operator's ``drgate recover --force``: a site waiting for its
+    brokers' ``Recovering`` reports stops waiting and continues from the most
+    advanced of those that reported (the others are gone for good)."""
+
+    cluster: str
+    time_us: int
+
+
 # key=origin cluster  meta: incarnation u64 | cseq u64 | time_us u64
 @_command(
     Kind.ACK_WATERMARK,
@@ -654,6 +666,7 @@ Command: TypeAlias = (
     | Durable
     | Recovering
     | RecoveryChunk
+    | ForceRecovery
 )
 
 if set(_CODECS) != {int(k) for k in Kind}:  # pragma: no cover - a kind without a command

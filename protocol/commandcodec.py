@@ -86,6 +86,7 @@ class Kind(enum.IntEnum):
     DURABLE = 30
     RECOVERING = 31
     RECOVERY_CHUNK = 32
+    FORCE_RECOVERY = 33
 
 
 class ExchangeType(enum.IntEnum):

@@ -31,7 +31,7 @@ from cluster.state.effects import (
     Sender,
     Settled,
 )
-from cluster.state.machine import apply, apply_all, members_left
+from cluster.state.machine import apply, apply_all, members_left, recovery_loses_history
 from cluster.state.merge import fenced, read_only_origin
 from cluster.state.model import (
     COUNTERS,
@@ -101,6 +101,7 @@ __all__ = [
     "queue_info",
     "read_only_origin",
     "ready_members",
+    "recovery_loses_history",
     "replica_mode",
     "restore",
     "restore_untrusted",

@@ -75,6 +75,7 @@ from protocol.cluster import (
     Enqueue,
     ExchangeDeclare,
     ExchangeDelete,
+    ForceRecovery,
     Genesis,
     MemberReady,
     Promote,
@@ -640,10 +641,8 @@ def _durable(state: SiteState, cmd: Durable, sender: Sender | None, eff: Effects
 
 def _recovering(state: SiteState, cmd: Recovering, sender: Sender | None, eff: Effects) -> None:
     """A site that started with no member alive collects what its brokers
-    recovered; once ``expect`` of them reported, the most advanced (highest
-    cseq, then the lowest node) is chosen and every member takes its state
-    (``RecoveryChunk``, cluster/member.py), or, when none recovered anything,
-    the site starts from nothing with the lowest broker's proposal."""
+    recovered; once ``expect`` of them reported, the most advanced is chosen
+    (:func:`_choose_recovery`)."""
     if state.incarnation != 0 or state.recovery_winner is not None:
         state.count("ignored")
         return
@@ -651,6 +650,26 @@ def _recovering(state: SiteState, cmd: Recovering, sender: Sender | None, eff: E
     state.recovery_expect = max(state.recovery_expect, cmd.expect)
     if len(state.candidates) < state.recovery_expect:
         return
+    _choose_recovery(state, cmd.cluster, eff)
+
+
+def _force_recovery(
+    state: SiteState, cmd: ForceRecovery, sender: Sender | None, eff: Effects
+) -> None:
+    """The operator stops the wait for brokers that are gone for good: the
+    choice is made among those that reported.  Ignored on a live site, once
+    the choice is made, and when nobody reported (nothing to choose from)."""
+    if state.incarnation != 0 or state.recovery_winner is not None or not state.candidates:
+        state.count("ignored")
+        return
+    _choose_recovery(state, cmd.cluster, eff)
+
+
+def _choose_recovery(state: SiteState, cluster: str, eff: Effects) -> None:
+    """The most advanced report (highest cseq, then the lowest node) wins and
+    every member takes its state (``RecoveryChunk``, cluster/member.py); when
+    none recovered anything, the site starts from nothing with the lowest
+    broker's proposal."""
     node, (pid, cseq, _inc, _proposal) = max(
         state.candidates.items(), key=lambda c: (c[1][1], -c[0])
     )
@@ -658,10 +677,25 @@ def _recovering(state: SiteState, cmd: Recovering, sender: Sender | None, eff: E
         state.recovery_winner = (node, pid)
         return
     lowest = min(state.candidates)
-    state.cluster = cmd.cluster
+    state.cluster = cluster
     state.incarnation = state.candidates[lowest][3]
     state.candidates.clear()
-    eff.append(GenesisApplied(cmd.cluster, state.incarnation, True))
+    eff.append(GenesisApplied(cluster, state.incarnation, True))
+
+
+def recovery_loses_history(state: SiteState) -> bool:
+    """The recovery chose a journal that may lack commands another broker had
+    on disk, which the site's DR site may hold (the egress forwards what any
+    broker had on disk, ``Durable``): the choice was forced before every
+    broker reported (``ForceRecovery``), or a broker reported an empty journal
+    (a new or re-seeded disk) while others held one.  Reusing those cseqs in
+    the same incarnation would make D skip the new commands as ones it has,
+    so the site continues as a new incarnation (cluster/member.py): D refuses
+    it until its operator accepts it, and a resync makes D exact."""
+    if state.recovery_winner is None:
+        return False
+    reports = state.candidates.values()
+    return len(state.candidates) < state.recovery_expect or any(r[1] == 0 for r in reports)
 
 
 def _recovery_chunk(
@@ -782,6 +816,7 @@ _LOCAL: dict[type, Callable[[SiteState, Any, Sender | None, Effects], None]] = {
     Durable: _durable,
     Recovering: _recovering,
     RecoveryChunk: _recovery_chunk,
+    ForceRecovery: _force_recovery,
     AckWatermark: _ack_watermark,
     MemberReady: _member_ready,
     Genesis: _genesis,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster import state as st
-from cluster.journal import Journal, JournalError
+from cluster.journal import Journal, JournalError, inspect_journal
 from cluster.state import SiteState
 from protocol import cluster as pc
 from protocol import journal as pj
@@ -278,8 +278,9 @@ def test_a_flipped_byte_before_the_last_record_is_refused_naming_file_and_offset
         Journal.open(tmp_path)
     message = str(caught.value)
     assert f"{path}: byte offset {victim}: CRC mismatch" in message
-    assert f"move the journal directory {tmp_path} aside" in message
-    assert "it takes the state from its peers" in message
+    assert "drgate journal reseed --config" in message  # the one documented command
+    assert f"moves {tmp_path} aside" in message
+    assert "takes the state from its peers" in message
     assert (caught.value.path, caught.value.offset) == (path, victim)
     assert path.read_bytes() == bytes(data)  # nothing was cut
 
@@ -334,6 +335,7 @@ def test_a_damaged_checkpoint_without_the_segments_before_it_is_refused(tmp_path
     with Journal.open(tmp_path) as journal, pytest.raises(JournalError) as caught:
         journal.recover()
     assert f"{newest}: byte offset 0: checkpoint is damaged" in str(caught.value)
+    assert "drgate journal reseed --config" in str(caught.value)
     assert "takes the state from its peers" in str(caught.value)
 
 
@@ -492,3 +494,68 @@ def test_a_record_appended_while_a_commit_writes_goes_with_the_next_commit(
         assert journal.commit() == before
         assert journal.commit() == site.state.cseq == before + 2
     assert st.digest(recovered(tmp_path)) == st.digest(site.state)
+
+
+# --- inspecting (drgate journal check) ---------------------------------------------
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def test_inspecting_a_healthy_journal_says_what_it_holds_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    with Journal.open(tmp_path) as journal:
+        site = genesis(journal)
+        site.publish(4)
+        journal.commit()
+        journal.checkpoint(site.state)
+        site.publish(3)
+        journal.commit()
+        ckpt = site.state.cseq - 3
+        held = inspect_journal(tmp_path)
+        assert held.in_use  # the node runs: its journal.lock is held
+    before = _files(tmp_path)
+    report = inspect_journal(tmp_path)
+    assert not report.in_use
+    assert (report.checkpoint_cseq, report.last_cseq) == (ckpt, site.state.cseq)
+    assert report.bytes_on_disk == sum(len(v) for k, v in before.items() if k != "journal.lock")
+    assert (report.torn_tail, report.damage) == (None, None)
+    assert _files(tmp_path) == before
+
+
+def test_inspecting_finds_a_torn_tail_without_cutting_it(tmp_path: Path) -> None:
+    site, _before, offset = _journal_with_last_record(tmp_path)
+    path = segments(tmp_path)[-1]
+    torn = path.read_bytes()[:-7]
+    path.write_bytes(torn)
+    report = inspect_journal(tmp_path)
+    assert report.damage is None
+    assert report.torn_tail is not None
+    assert (report.torn_tail.path, report.torn_tail.offset) == (path, offset)
+    assert report.torn_tail.dropped_bytes == len(torn) - offset
+    assert report.last_cseq == site.state.cseq - 2  # what an open keeps (a frame of 2)
+    assert path.read_bytes() == torn
+
+
+def test_inspecting_names_the_damage_a_start_would_refuse(tmp_path: Path) -> None:
+    with Journal.open(tmp_path) as journal:
+        site = genesis(journal)
+        site.publish(6, size=30, per_frame=3)
+        journal.commit()
+    path = segments(tmp_path)[-1]
+    data = bytearray(path.read_bytes())
+    data[pj.SEGMENT_HEADER_SIZE + pj.RECORD_HEADER_SIZE + 5] ^= 0x10
+    path.write_bytes(bytes(data))
+    report = inspect_journal(tmp_path)
+    assert report.damage is not None
+    assert (report.damage.path, report.damage.offset) == (path, pj.SEGMENT_HEADER_SIZE)
+    assert "drgate journal reseed" in str(report.damage)
+    assert path.read_bytes() == bytes(data)
+
+
+def test_inspecting_a_missing_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(JournalError, match="no journal directory"):
+        inspect_journal(tmp_path / "nothing")
+    assert not (tmp_path / "nothing").exists()

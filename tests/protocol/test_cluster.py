@@ -69,6 +69,7 @@ simple_commands = st.one_of(
     st.builds(c.Durable, u32, u64),
     st.builds(c.Recovering, names, u32, u32, u32, u64, u64, u64),
     st.builds(c.RecoveryChunk, u32, st.booleans(), bodies),
+    st.builds(c.ForceRecovery, names, u64),
     st.builds(c.ResyncStage, names, u64, u64, u32, u32, bodies),
 )
 
@@ -198,6 +199,7 @@ SAMPLES: dict[str, c.Command] = {
     "durable": c.Durable(2, 4711),
     "recovering": c.Recovering("site-p", 2, 4242, 3, 4711, 0x1122334455667788, 0x99),
     "recovery_chunk": c.RecoveryChunk(0, True, b"DRGS..."),
+    "force_recovery": c.ForceRecovery("site-p", 1_700_000_000_000_000),
 }
 
 
