@@ -32,7 +32,7 @@ COUNT = 300
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[BrokerSite]:
     with BrokerSite("site-p", workdir=tmp_path, durable=True) as started:
-        done = started.admin(1, "add-queue", QUEUE)
+        done = started.admin(1, "add-queue", QUEUE, "--durable")
         assert done.returncode == 0, done.stderr
         yield started
 
