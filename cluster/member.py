@@ -155,13 +155,33 @@ class NullObserver:
         pass
 
 
+class _Applied:
+    """Set once the own frame that carries it has come back on the bus and
+    been applied here, with the state's cseq then (that frame's last
+    command's)."""
+
+    __slots__ = ("_event", "cseq")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self.cseq = 0
+
+    def set(self, cseq: int) -> None:
+        self.cseq = cseq
+        self._event.set()
+
+    async def wait(self) -> int:
+        await self._event.wait()
+        return self.cseq
+
+
 @dataclass(frozen=True, slots=True)
 class _Encoded:
     """A bus frame encoded elsewhere, multicast as it is, alone; ``done``, if
     any, is set once it has come back on the bus and been applied here."""
 
     frame: bytes
-    done: trio.Event | None
+    done: _Applied | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +189,7 @@ class _Barrier:
     """Marks a point in the command channel; ``event`` is set once every
     command before it has come back on the bus and been applied here."""
 
-    event: trio.Event
+    event: _Applied
 
 
 class BusOpener(Protocol):
@@ -216,7 +236,7 @@ class SiteMember:
         self._transfers_sent = itertools.count(1)
         self._frames_sent = 0  # own frames multicast
         self._frames_applied = 0  # own frames come back and applied
-        self._barrier_events: dict[int, list[trio.Event]] = {}
+        self._barrier_events: dict[int, list[_Applied]] = {}
         self._pending_restore: bytes | None = None
         self._nursery: trio.Nursery | None = None
         # Whole-site recovery (bus.expect_brokers > 0): the state this member's
@@ -252,16 +272,17 @@ class SiteMember:
         for cmd in commands:
             await self._send.send(cmd)
 
-    async def submit_and_wait(self, *commands: pc.Command) -> None:
+    async def submit_and_wait(self, *commands: pc.Command) -> int:
         """Multicast ``commands`` and wait until they have come back on the
-        bus and been applied here (so every member has applied them)."""
-        barrier = _Barrier(trio.Event())
+        bus and been applied here (so every member has applied them); returns
+        the cseq by which they all were (the last command of their frame)."""
+        barrier = _Barrier(_Applied())
         for cmd in commands:
             await self._send.send(cmd)
         await self._send.send(barrier)
-        await barrier.event.wait()
+        return await barrier.event.wait()
 
-    async def submit_frames_and_wait(self, frames: Sequence[bytes]) -> None:
+    async def submit_frames_and_wait(self, frames: Sequence[bytes]) -> int:
         """Multicast the commands of ``frames`` (encoded bus frames, e.g.
         admitted link events), in order, without decoding them, and wait until
         they have come back on the bus and been applied here.  They are joined
@@ -269,14 +290,15 @@ class SiteMember:
         :data:`FRAME_MAX_BYTES` bytes; each member decodes them when it
         applies them, and skips a frame that does not decode, as any other.
         The frames must be well formed as far as the scan goes
-        (:func:`protocol.cluster.scan_frame_untrusted`)."""
+        (:func:`protocol.cluster.scan_frame_untrusted`).  Returns the cseq of
+        the last command applied (D's ingress acks once that is durable)."""
         joined = pc.join_frames(frames, max_commands=FRAME_MAX_COMMANDS, max_bytes=FRAME_MAX_BYTES)
         if not joined:
-            return
-        done = trio.Event()
+            return self.state.cseq
+        done = _Applied()
         for i, frame in enumerate(joined):
             await self._send.send(_Encoded(frame, done if i == len(joined) - 1 else None))
-        await done.wait()
+        return await done.wait()
 
     def post(self, cmd: pc.Command) -> None:
         """Queue a command for multicast without ever waiting (for the
@@ -313,7 +335,7 @@ class SiteMember:
                 await self._multicast(member, item.frame, [] if item.done is None else [item.done])
                 continue
             batch: list[pc.Command] = []
-            barriers: list[trio.Event] = []
+            barriers: list[_Applied] = []
             size = 0
             while True:
                 if isinstance(item, _Barrier):
@@ -332,7 +354,7 @@ class SiteMember:
                     break
             await self._multicast(member, pc.encode_frame(batch), barriers)
 
-    async def _multicast(self, member: BusMember, frame: bytes, barriers: list[trio.Event]) -> None:
+    async def _multicast(self, member: BusMember, frame: bytes, barriers: list[_Applied]) -> None:
         self._frames_sent += 1
         if barriers:
             self._barrier_events[self._frames_sent] = barriers
@@ -605,5 +627,5 @@ class SiteMember:
         if own:
             self._frames_applied += 1
             for waiter in self._barrier_events.pop(self._frames_applied, ()):
-                waiter.set()
+                waiter.set(self.state.cseq)
         self._observer.after_frame()

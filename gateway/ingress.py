@@ -21,9 +21,11 @@ applier task through a bounded channel.  An event's payload is checked
 (:mod:`gateway.admission`) without decoding its inner commands and goes to
 D's bus as the bytes it came in: the applier multicasts the admitted frames
 with ``submit_frames_and_wait`` (batches that arrived meanwhile, in one
-round trip) and acks a seq once D's bus applied it; the ack then goes out at
-once.  A resync's chunks go to D's bus as ``ResyncStage`` pieces, each acked
-once staged, and RESYNC_END as the ``ResyncCommit`` that installs them.
+round trip) and acks a seq once D's bus applied it and, when D's brokers
+keep journals, once it is on a D broker's disk (:mod:`gateway.ackgate`); the
+ack then goes out at once.  A resync's chunks go to D's bus as
+``ResyncStage`` pieces, each acked once staged, and RESYNC_END as the
+``ResyncCommit`` that installs them (acked as an event is).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from cluster.state import fenced
 from cluster.state.views import applied
 from cluster.tls import peer_name_refusal, tls_failure_text
 from gateway import resync as rs
+from gateway.ackgate import AckGate, DurableWatermark
 from gateway.admission import admit_event
 from gateway.egress import READ_BYTES
 from gateway.linkconnect import describe_error, peer_address
@@ -104,9 +107,11 @@ class Ingress:
         self.refused_events = 0  # events a link peer sent that D does not admit
         self.links_up = 0  # accepted link connections open now
         self.link_port: int | None = None  # the bound link port
-        self._receivers: dict[
-            int, link.ReceiverStatistics
-        ] = {}  # statistics of each open connection
+        # statistics of each open connection
+        self._receivers: dict[int, link.ReceiverStatistics] = {}
+        # What D's brokers have on disk; the sidecar's hook says when it moves.
+        journaled = member.bus_config.expect_brokers > 0
+        self.durable = DurableWatermark((lambda: member.state.durable_cseq) if journaled else None)
 
     async def serve(
         self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
@@ -138,7 +143,7 @@ class Ingress:
         """The TLS handshake and the pinned-name check.  Raises
         :class:`DrgateError` (handshake failed) or :class:`LinkError`
         (``PEER_NOT_PINNED``, after telling the egress so), counted."""
-        peer = _peer_address(stream)
+        peer = peer_address(stream) or "the egress"
         ssl_stream = trio.SSLStream(stream, context, server_side=True)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
@@ -278,6 +283,7 @@ class _Connection:
             link.ReceiverConfig(cluster_id=ingress.config.site), now=trio.current_time()
         )
         self.to_apply_send, self.to_apply = trio.open_memory_channel[_Work](APPLY_QUEUE)
+        self.acks = AckGate(ingress.durable, self._ack)
         # The wait for the egress's next bytes; the applier cancels it after
         # an ack, so the ack goes out at once.
         self.reading: trio.CancelScope | None = None
@@ -290,6 +296,7 @@ class _Connection:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._applier)
+                nursery.start_soon(self.acks.serve)
                 await self._serve_link(stream)
         except* RemoteProtocolError as group:
             first = group.exceptions[0]
@@ -407,13 +414,9 @@ class _Connection:
             "ingress: resync from %s cut at %d received: %d chunks, %d bytes; installing",
             *(origin, cut, ev.total_chunks, ev.total_bytes),
         )
+        time_us = self.resync_time_us
         return pc.ResyncCommit(
-            origin,
-            hello.incarnation,
-            cut,
-            begin.epoch,
-            self.resync_time_us,
-            ev.total_chunks,
+            origin, hello.incarnation, cut, begin.epoch, time_us, ev.total_chunks
         )
 
     async def _events_received(self, ev: link.EventsReceived) -> None:
@@ -425,36 +428,41 @@ class _Connection:
                 frames.append(admit_event(hello, event))
             except RemoteProtocolError as exc:
                 self.ingress.refused_events += 1
-                log.error(
-                    "ingress: refused an event from %s (%s): %s",
-                    hello.origin_cluster,
-                    self.peer,
-                    exc,
-                )
+                text = "ingress: refused an event from %s (%s): %s"
+                log.error(text, hello.origin_cluster, self.peer, exc)
                 raise
         if frames:
             await self.to_apply_send.send((ev.events[-1].seq, frames))
 
     async def _applier(self) -> None:
-        """Apply, then ack: each seq is acked once D's bus applied it."""
+        """Apply, then ack: each seq once D's bus applied it, and what D's
+        brokers journal once it is on one's disk (the gate)."""
         member = self.ingress.member
         async for first in self.to_apply:
             for seq, work in self._gather(first):
                 if isinstance(work, list):
-                    await member.submit_frames_and_wait(work)
+                    cseq = await member.submit_frames_and_wait(work)
                     self._check_applied(seq)
                     self.ingress.ingested += len(work)
                 elif isinstance(work, pc.ResyncStage):
                     await member.submit_and_wait(work)
                     self.ingress.check_piece_staged(work)
                     self.receiver.ack_chunk()
+                    self._ack_made()
                     continue
                 else:
-                    await member.submit_and_wait(work)
+                    cseq = await member.submit_and_wait(work)
                     self.ingress.check_resync_applied(work)
-                self.receiver.ack(seq)
-            if self.reading is not None:
-                self.reading.cancel()
+                self.acks.applied(seq, cseq)
+
+    def _ack(self, seq: int) -> None:
+        self.receiver.ack(seq)
+        self._ack_made()
+
+    def _ack_made(self) -> None:
+        """Stop waiting for the egress's bytes, so the ack goes out at once."""
+        if self.reading is not None:
+            self.reading.cancel()
 
     def _check_applied(self, seq: int) -> None:
         """Ack nothing D did not apply: the events up to ``seq`` went through
@@ -488,13 +496,3 @@ class _Connection:
             frames.extend(more)
             last_seq = seq
         return [(last_seq, frames)]
-
-
-def _peer_address(stream: trio.abc.Stream) -> str:
-    """HOST:PORT of the connection's other end, for messages."""
-    sock = getattr(stream, "socket", None)
-    try:
-        host, port = sock.getpeername()[:2]  # type: ignore[union-attr]
-    except (AttributeError, OSError, ValueError):
-        return "the egress"
-    return f"{host}:{port}"

@@ -191,6 +191,8 @@ class Sidecar(NullObserver):
         """``cmd`` was applied (its cseq is the state's)."""
         if isinstance(cmd, pc.MemberReady):
             self._roles_may_have_changed()
+        if isinstance(cmd, pc.Durable):
+            self._durable_advanced()  # held acks (D), or events held back (P), may go
         if not self.config.primary:
             if own and self.capture is not None and isinstance(cmd, pc.Replicated):
                 self.capture.ingested(cmd, effects, self.state.cseq)
@@ -265,8 +267,16 @@ class Sidecar(NullObserver):
         self._events.clear()
         self._roles_may_have_changed()
 
+    def _durable_advanced(self) -> None:
+        """The site's durable watermark may have moved."""
+        if self.ingress is not None:
+            self.ingress.durable.advanced()
+        if self.egress is not None:
+            self.egress.wake()
+
     def after_restore(self) -> None:
         """A snapshot replaced the state: reopen the spool after a rejoin."""
+        self._durable_advanced()
         if self.spool is not None or not self.member.ready.is_set():
             return  # the first join: serve() opens the spool
         self.tap.resync_rules(self.state)

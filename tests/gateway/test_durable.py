@@ -1,23 +1,27 @@
-"""Durable brokers end to end: every process of P killed while publishers
-publish, then started again on the same directories.  The brokers recover
-from their journals, agree on the most advanced one, keep the incarnation
-and the cseq numbering, and D resumes the link on its own: no
-``--accept-incarnation``, nothing settled missing at P, nothing applied twice
-at D.  Transient state (a non-durable queue, transient messages on a durable
-queue) is gone after the recovery, at P and, by the resync the recovery
-forces, at D.  Two sites of three brokers and three sidecars
-(lab.site.TwoSites, ``durable=True``)."""
+"""Durable brokers end to end: every process of P (or of D) killed while
+publishers publish, then started again on the same directories.  The
+brokers recover from their journals, agree on the most advanced one, keep
+the incarnation and the cseq numbering, and D resumes the link on its own:
+no ``--accept-incarnation``, nothing settled missing at P, nothing applied
+twice at D.  D acks only what is on a D broker's disk, so after D's own
+power loss the link resumes from D's journaled watermarks and P resends
+from its spool what D had not acked: no resync.  Transient state (a
+non-durable queue, transient messages on a durable queue) is gone after P's
+recovery, at P and, by the resync the recovery forces, at D.  Two sites of
+three brokers and three sidecars (lab.site.TwoSites, ``durable=True``)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from lab.site import TwoSites, finish_client
+from lab.site import BrokerSite, TwoSites, finish_client
 from tests import lab
 from tests.lab import converged, queues, status
 
@@ -44,11 +48,18 @@ def two(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TwoSites]:
 
 
 def kill_primary_site(two: TwoSites) -> None:
-    names = [f"sidecar-{n}" for n in two.nodes] + [f"broker-{n}" for n in two.nodes]
-    if two.p.backend == "embedded":
-        names.append("bus")
-    for name in names:
-        two.p.kill(name, signal.SIGKILL)
+    kill_site(two, two.p, [f"sidecar-{n}" for n in two.nodes] + [f"broker-{n}" for n in two.nodes])
+
+
+def kill_site(two: TwoSites, site: BrokerSite, names: list[str]) -> None:
+    """kill -9 the processes ``names`` of ``site``, in order, then its embedded bus."""
+    for name in names + (["bus"] if site.backend == "embedded" else []):
+        site.kill(name, signal.SIGKILL)
+
+
+def resyncs(two: TwoSites, cluster: str) -> int:
+    """Resyncs started by the sidecars of ``cluster`` (/status, ``resync.total``)."""
+    return sum(int(status(two, cluster, n)["resync"]["total"]) for n in two.nodes)
 
 
 def consume_all(site: Any, node: int, queue: str) -> list[str]:
@@ -114,3 +125,60 @@ def test_primary_killed_whole_while_publishing_recovers_all_it_settled(two: TwoS
     )
     assert more["accepted"] == 50
     lab.wait_for("the stream after the recovery reaches D", lambda: converged(two))
+
+
+def ingested(two: TwoSites) -> int:
+    """Events D's sidecars applied from the link (their metrics)."""
+    total = 0.0
+    for n in two.nodes:
+        url = two.status_url("site-d", n).removesuffix("/status") + "/metrics"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            for line in reply.read().decode().splitlines():
+                if line.startswith("drgate_link_events_received_total"):
+                    total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+def test_dr_site_killed_whole_while_p_publishes_resumes_the_link_without_a_resync(
+    two: TwoSites,
+) -> None:
+    lab.wait_for("D took the first resync (it held nothing)", lambda: converged(two))
+    resyncs_before = resyncs(two, "site-p")
+    publishers = {
+        q: two.p.client_popen(1, "publish", two.p.amqp[1], q, "--count", str(LOAD), "--durable")
+        for q in MODES
+    }
+    lab.wait_for(
+        "D took part of the load",
+        lambda: queues(two.d.describe(2)).get("q-enq", {}).get("depth", 0) >= LOAD // 4,
+    )
+    # D's brokers freeze first, as behind a slow disk: D's sidecars go on
+    # applying what no journal holds (and, unless they wait for D's disks,
+    # acking it, so P drops it from its spool), until the power goes.
+    brokers = [f"broker-{n}" for n in two.nodes]
+    before = ingested(two)
+    for name in brokers:
+        os.kill(two.d.procs[name].pid, signal.SIGSTOP)
+    lab.wait_for(
+        "D's sidecars applied more than D's journals hold", lambda: ingested(two) >= before + 200
+    )
+    kill_site(two, two.d, brokers + [f"sidecar-{n}" for n in two.nodes])
+    settled = {q: int(finish_client(p)["accepted"]) for q, p in publishers.items()}
+    assert settled == dict.fromkeys(MODES, LOAD), "P's publishers are not D's business"
+
+    two.d.start()  # the same directories: every D broker recovers its journal
+    for n in two.nodes:
+        two.start_sidecar(two.d, n)  # waits for the site's recovery (site_live)
+    lab.wait_for("D's full replica equals P's queue", lambda: converged(two), timeout=120)
+    assert resyncs(two, "site-p") == resyncs_before, "P resynced D: D lost what it had acked"
+    assert resyncs(two, "site-d") == 0
+    for n in two.nodes:
+        assert "--accept-incarnation" not in str(status(two, "site-d", n)["last_error"])
+
+    # D's enqueue copy: every message, once, in order (R1 stayed exact).
+    lab.wait_for(
+        "D's enqueue queue holds every message",
+        lambda: queues(two.d.describe(2))["q-enq"]["depth"] == LOAD,
+        timeout=60,
+    )
+    assert consume_all(two.d, 2, "q-enq") == [f"m-{i}" for i in range(1, LOAD + 1)]

@@ -153,15 +153,16 @@ async def test_an_event_that_fails_to_apply_is_applied_later_never_dropped_as_a_
     failed = [False]
 
     class FlakyDrSite(MemberStandIn):
-        async def submit_and_wait(self, *commands: pc.Command) -> None:
+        async def submit_and_wait(self, *commands: pc.Command) -> int:
             if not failed[0] and any(
                 isinstance(c, pc.Replicated) and c.origin_cseq == k for c in commands
             ):
                 failed[0] = True
                 raise BusError(f"test: the frame holding event {k} did not make it")
-            await super().submit_and_wait(*commands)
+            cseq = await super().submit_and_wait(*commands)
             if st.applied(self.state, "site-p", 1) >= p.state.cseq:
                 caught_up.set()
+            return cseq
 
     d = FlakyDrSite("site-d")
     for _seq, _time_us, payload, _prev in spool.read_after(0)[:3]:  # D holds a prefix

@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from cluster import state as st
+from cluster.bus import BusConfig
 from gateway import resync as rs
 from gateway.ingress import Ingress
 from gateway.roles import SidecarRole
@@ -86,6 +87,44 @@ async def test_acks_only_what_d_applied(
         assert acked.seq == 2
         assert member.state.origins["site-p"].applied[INCARNATION] == 2
         assert ingress.ingested == 2
+
+
+def durable_on_disk(member: MemberStandIn, ingress: Ingress, cseq: int) -> None:
+    """A D broker's ``Durable`` report applied, and the sidecar's hook for it."""
+    member.apply(pc.Durable(2, cseq))
+    ingress.durable.advanced()
+
+
+def acks(end: LinkEnd) -> list[int]:
+    return [e.seq for e in end.events if isinstance(e, link.Acked)]
+
+
+async def test_with_journals_an_ack_waits_until_a_d_broker_has_the_event_on_disk(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """P drops what D acks from its spool for good: with D's brokers keeping
+    journals, D acks an applied event only once its D cseq is durable, so a
+    power loss of the whole DR site loses nothing P will not resend."""
+    member = MemberStandIn("site-d", bus_config=BusConfig("memory", "site-d", 1, expect_brokers=3))
+    ingress = make_ingress(tmp_path, member)
+    async with connected(ingress) as end:
+        await hello(end)
+        applied_at = {}
+        for seq in (1, 2):
+            end.machine.send_event(link.LinkEvent(seq, 1_000 * seq, replicated(seq)))
+            await end.pump_for(10)
+            assert st.applied(member.state, "site-p", INCARNATION) == seq
+            applied_at[seq] = member.state.cseq
+        assert acks(end) == []  # applied, but only in D's memory
+        durable_on_disk(member, ingress, applied_at[1] - 1)  # a commit just before event 1
+        await end.pump_for(10)
+        assert acks(end) == []
+        durable_on_disk(member, ingress, applied_at[1])
+        assert (await end.next_of(link.Acked)).seq == 1
+        await end.pump_for(10)
+        assert max(acks(end)) == 1  # event 2 is not on disk yet
+        durable_on_disk(member, ingress, applied_at[2])
+        assert (await end.next_of(link.Acked)).seq == 2
 
 
 async def test_standby_refuses_and_names_itself(
@@ -270,9 +309,9 @@ async def test_events_go_to_d_bus_as_the_bytes_they_came_in(
     relayed: list[bytes] = []
 
     class Recording(MemberStandIn):
-        async def submit_frames_and_wait(self, frames: list[bytes]) -> None:
+        async def submit_frames_and_wait(self, frames: list[bytes]) -> int:
             relayed.extend(frames)
-            await super().submit_frames_and_wait(frames)
+            return await super().submit_frames_and_wait(frames)
 
     ingress = make_ingress(tmp_path, Recording("site-d"))
     payloads = [replicated(seq) for seq in (1, 2, 3)]

@@ -82,16 +82,17 @@ class MemberStandIn:
     async def submit(self, *commands: pc.Command) -> None:
         self.apply(*commands)
 
-    async def submit_and_wait(self, *commands: pc.Command) -> None:
+    async def submit_and_wait(self, *commands: pc.Command) -> int:
         if self.gate is not None:
             await self.gate.wait()
         self.apply(*commands)
+        return self.state.cseq
 
-    async def submit_frames_and_wait(self, frames: list[bytes]) -> None:
+    async def submit_frames_and_wait(self, frames: list[bytes]) -> int:
         """As :meth:`SiteMember.submit_frames_and_wait`: the frames' commands,
         through :meth:`submit_and_wait` (so a stand-in overriding it sees them)."""
         commands = [cmd for frame in frames for cmd in pc.decode_frame_untrusted(frame)]
-        await self.submit_and_wait(*commands)
+        return await self.submit_and_wait(*commands)
 
 
 class _Never:
