@@ -34,7 +34,7 @@ def journaled(queues: int) -> st.SiteState:
     state = st.new_state()
     st.apply(state, pc.Genesis(SITE, INCARNATION))
     for i in range(queues):
-        st.apply(state, pc.QueueDeclare(f"q{i}", {}))
+        st.apply(state, pc.QueueDeclare(f"q{i}", {"durable": True}))
     return state
 
 
