@@ -14,7 +14,13 @@ view changes that released a departed member's messages.
 
 *Group commit.*  A committer task writes what was appended with one
 ``fdatasync`` (``fsync: batch``) in a worker thread while the applier goes on
-appending, so one fsync covers every frame delivered meanwhile.
+appending, so one fsync covers every frame delivered meanwhile.  It commits
+at once when a publish waits to be settled here; when none does (the
+commands came from other nodes' clients, or are ``Durable`` reports), it lets
+frames gather for up to ``LAZY_COMMIT_S`` first, or until a publish comes to
+wait.  Only the settling node's disk is in a hurry: a commit costs every node
+CPU (the worker thread, the fdatasync), and without this a node whose
+clients publish made its peers commit as often as itself.
 
 *What is journaled.*  Every command, but a message that is not persistent
 (transient, or on a non-durable queue: cluster/state/persistence.py) without
@@ -30,10 +36,14 @@ from the most advanced journal, so a settled message survives any restart of
 the whole site.
 
 *The site's durable watermark.*  After a commit that covered commands other
-than its own reports, the node multicasts ``Durable(node, cseq)``; the site
-state keeps the highest, and P's egress forwards nothing above it, so D never
-holds an event the primary could lose in a power cut (R1 stays exact after a
-whole-site recovery).
+than ``Durable`` reports, the node multicasts ``Durable(node, cseq)`` unless
+the site's watermark is already there (the state keeps the highest report,
+so a lower one would change nothing but cost the bus a command and every
+node an append).  P's egress forwards nothing above the watermark, so D
+never holds an event the primary could lose in a power cut (R1 stays exact
+after a whole-site recovery).  A publish's watermark moves with its settling
+node's commit; a command no node settles (an accept, a sidecar's command)
+reaches it within ``LAZY_COMMIT_S`` and a commit.
 """
 
 from __future__ import annotations
@@ -52,6 +62,10 @@ from cluster.state.persistence import for_journal
 from protocol import cluster as pc
 
 log = logging.getLogger(__name__)
+
+# How long a node with no publish waiting to settle lets frames gather before
+# it commits them (the module docstring, "Group commit").
+LAZY_COMMIT_S = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,14 +158,27 @@ class NodeJournal:
         while True:
             await self._wanted.wait()
             self._wanted = trio.Event()
+            if not self._unsettled:
+                with trio.move_on_after(LAZY_COMMIT_S):
+                    while not self._unsettled:  # a publish to settle ends the wait
+                        await self._wanted.wait()
+                        self._wanted = trio.Event()
             durable = await trio.to_thread.run_sync(self.journal.commit)
             if self.journal.needs_checkpoint:
                 self._checkpoint()
                 durable = self.member.state.cseq
             self._settle(durable)
-            if durable > self._posted and self._last_real > self._posted:
-                self._posted = durable
-                self.member.post(pc.Durable(self.node, durable))
+            self._report(durable)
+
+    def _report(self, durable: int) -> None:
+        """Multicast ``Durable`` if the commits since the last report covered
+        commands other than reports and it takes the site's watermark on."""
+        if self._last_real <= self._posted:
+            return
+        if durable <= max(self._posted, self.member.state.durable_cseq):
+            return
+        self._posted = durable
+        self.member.post(pc.Durable(self.node, durable))
 
     def _checkpoint(self) -> None:
         state = self.member.state

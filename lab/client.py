@@ -16,6 +16,8 @@ property ``seq``.  ``publish --rate R`` paces sending to R messages a second;
 send), and ``consume`` then reports the lag (receive time minus ``sent_at``)
 per message in ``lags`` (the lab's machines share one clock).  ``publish
 --durable`` marks messages durable (persistent, for another broker).
+``publish --window N`` keeps at most N messages unsettled (in flight),
+whatever credit the broker grants.
 """
 
 from __future__ import annotations
@@ -48,12 +50,14 @@ class Publisher(MessagingHandler):
         rate: float = 0.0,
         stamp: bool = False,
         durable: bool = False,
+        window: int = 0,
     ) -> None:
         super().__init__()
         self.url, self.address, self.count = url, address, count
         self.prefix, self.start, self.size = prefix, start, size
         self.subject, self.headers = subject, headers
         self.rate, self.stamp, self.durable = rate, stamp, durable
+        self.window = window  # 0: as many in flight as the broker's credit allows
         self.began = 0.0
         self.sender: Any = None
         self.sent = 0
@@ -79,9 +83,12 @@ class Publisher(MessagingHandler):
         self._send(event.sender)
 
     def _allowed(self) -> int:
-        if not self.rate:
-            return self.count
-        return min(self.count, int((time.monotonic() - self.began) * self.rate) + 1)
+        allowed = self.count
+        if self.rate:
+            allowed = min(allowed, int((time.monotonic() - self.began) * self.rate) + 1)
+        if self.window:
+            allowed = min(allowed, self.accepted + self.rejected + self.window)
+        return allowed
 
     def _send(self, sender: Any) -> None:
         allowed = self._allowed()
@@ -116,6 +123,8 @@ class Publisher(MessagingHandler):
     def _maybe_done(self, event: Any) -> None:
         if self.accepted + self.rejected >= self.count:
             event.connection.close()
+        elif self.window:
+            self._send(event.sender)  # a settlement opened the window
 
     def on_link_error(self, event: Any) -> None:
         condition = event.link.remote_condition
@@ -264,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     pub.add_argument("--rate", type=float, default=0.0, help="messages a second (0: unpaced)")
     pub.add_argument("--stamp", action="store_true", help="add the property sent_at")
     pub.add_argument("--durable", action="store_true", help="mark messages durable (persistent)")
+    pub.add_argument(
+        "--window", type=int, default=0, help="at most this many unsettled (0: the broker's credit)"
+    )
     con = sub.add_parser("consume")
     con.add_argument("url")
     con.add_argument("address")
@@ -291,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             args.rate,
             args.stamp,
             args.durable,
+            args.window,
         )
     elif args.op == "consume":
         handler = Consumer(args.url, args.address, args.count, args.idle, args.credit, args.hold)
