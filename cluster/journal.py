@@ -90,6 +90,7 @@ __all__ = [
     "RecoveredState",
     "TornTail",
     "inspect_journal",
+    "lock_directory",
     "lock_held",
 ]
 
@@ -273,7 +274,7 @@ class Journal:
             )
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        journal = cls(path, fsync, checkpoint_bytes, _lock(path))
+        journal = cls(path, fsync, checkpoint_bytes, lock_directory(path))
         try:
             journal._load()
         except BaseException:
@@ -630,7 +631,9 @@ def _apply_record(state: SiteState, path: Path, rec: pj.JournalRecord) -> None:
 # --- files ------------------------------------------------------------------------
 
 
-def _lock(directory: Path) -> int:
+def lock_directory(directory: Path) -> int:
+    """Hold ``directory``'s journal lock (an fd to close to release it), or
+    raise :class:`JournalError` when another process holds it."""
     fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

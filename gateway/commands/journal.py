@@ -21,12 +21,11 @@
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import time
 from pathlib import Path
 
-from cluster.journal import LOCK_FILE, JournalReport, inspect_journal
+from cluster.journal import JournalError, JournalReport, inspect_journal, lock_directory
 from cluster.node import BrokerConfig
 from gateway.brokerconfig import load_broker_config
 from protocol.errors import DrgateError
@@ -147,14 +146,11 @@ def reseed(
 
 def _hold(directory: Path, config: BrokerConfig) -> int:
     """Take the journal's lock (as a starting broker does), or refuse."""
-    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+        return lock_directory(directory)
+    except JournalError:
         raise DrgateError(
             f"{directory}: broker node {config.node} of {config.cluster} is running on this "
             "journal (it holds journal.lock). Stop it first, then run drgate journal reseed "
             "again"
         ) from None
-    return fd
