@@ -238,8 +238,7 @@ class NodeJournal:
         """A snapshot (or the recovery) replaced the state: the journal starts
         again from it."""
         self._frame = []
-        self._seen = 0
-        self._verbatim = True
+        self._verbatim = False  # mid-frame (a RecoveryChunk): the rest is encoded
         if self.member.state.incarnation != 0:
             self._checkpoint()
 
