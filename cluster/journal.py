@@ -50,8 +50,10 @@ checkpoint that fails its CRC or does not restore makes :meth:`recover` fall
 back to the previous one when the segments after it are still there.
 
 Synchronous file I/O on the caller's thread.  :meth:`Journal.commit` may run
-in a worker thread while the applier appends (the buffer is taken under a
-lock); every other call, and commits among themselves, one at a time.
+in another thread (a node's committer thread) while the applier appends (the
+buffer is taken under a lock) or checkpoints (a checkpoint waits for the
+commit under way, and the other way round); every other call, and commits
+among themselves, one at a time.
 
 *Replay* applies commands with ``sender=None``: effects are not sent to
 anybody, and a ``SessionOpen`` is accepted as it was when the node applied
@@ -244,6 +246,8 @@ class Journal:
         # Appends may run while a worker thread commits: the lock guards the
         # buffer and ``_appended`` (the cseq after the last record appended).
         self._lock = threading.Lock()
+        # Held by a commit and by a checkpoint: the one waits for the other.
+        self._io = threading.Lock()
         self._buffer: list[bytes] = []
         self._appended = 1
         self._since_checkpoint = 0  # record bytes written since the base checkpoint
@@ -402,8 +406,13 @@ class Journal:
         Returns the highest cseq on disk (0 if none).  Raises
         :class:`JournalError` if the write or the sync fails; the segment is
         cut back to its last whole record and the records stay buffered.
-        May run in a worker thread while the node appends; one commit at a time.
+        May run in another thread while the node appends or checkpoints; one
+        commit at a time.
         """
+        with self._io:
+            return self._commit()
+
+    def _commit(self) -> int:
         with self._lock:
             records, upto = self._buffer, self._appended
             self._buffer = []
@@ -469,8 +478,11 @@ class Journal:
         The snapshot is synced and renamed into place, a new segment started,
         and every older segment and checkpoint deleted.
         """
-        cseq = state.cseq
         snapshot = st.snapshot(state, transient_bodies=False)
+        with self._io:
+            self._checkpoint(state.cseq, snapshot)
+
+    def _checkpoint(self, cseq: int, snapshot: bytes) -> None:
         durable = self.fsync != "never"
         path = self.directory / pj.checkpoint_name(cseq)
         tmp = path.with_name(path.name + TMP_SUFFIX)
@@ -527,13 +539,15 @@ class Journal:
         )
 
     def close(self) -> None:
-        """Close the files and release the directory; buffered records are dropped."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        """Close the files and release the directory (after a commit under way
+        in another thread); buffered records are dropped."""
+        with self._io:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
     def __enter__(self) -> Journal:
         return self

@@ -239,6 +239,9 @@ class SiteMember:
         self._barrier_events: dict[int, list[_Applied]] = {}
         self._pending_restore: bytes | None = None
         self._nursery: trio.Nursery | None = None
+        # The frame whose commands the observer's hooks are told of, as the
+        # bus delivered it (a journal keeps these bytes: cluster/durability.py).
+        self.delivered_frame = b""
         # Whole-site recovery (bus.expect_brokers > 0): the state this member's
         # journal recovered (its owner sets it before serve), whether it is
         # being sent to the site, and the chunks of the chosen one.
@@ -606,6 +609,7 @@ class SiteMember:
     def _on_delivery(self, event: Delivery) -> None:
         assert self.me is not None and self.membership is not None
         own = event.sender == self.me
+        self.delivered_frame = event.payload
         try:
             commands = pc.decode_frame_untrusted(event.payload)
         except DrgateError as exc:

@@ -4,7 +4,10 @@ what it recovers is, after the recovery's drop, the live state's durable part.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+
+import pytest
 
 from cluster import state as st
 from cluster.durability import JournalSettings, NodeJournal
@@ -25,6 +28,7 @@ class StandInMember:
         self.state = st.new_state()
         self.recovered: st.SiteState | None = None
         self.posted: list[pc.Command] = []
+        self.delivered_frame = b""
 
     def post(self, cmd: pc.Command) -> None:
         self.posted.append(cmd)
@@ -32,6 +36,7 @@ class StandInMember:
 
 def deliver(member: StandInMember, journal: NodeJournal, *commands: pc.Command) -> None:
     """One bus frame, applied then handed to the journal as the member does."""
+    member.delivered_frame = pc.encode_frame(commands)
     for cmd in commands:
         st.apply(member.state, cmd, sender=CLIENT)
         journal.after_command(cmd)
@@ -88,4 +93,41 @@ def test_the_journal_holds_no_transient_body_and_recovers_the_durable_state(
     assert st.digest(recovered) == st.digest(member.state)
     assert [m.body for m in recovered.queues["keep"].messages.values()] == [
         b"BODY-durable-on-durable"
+    ]
+
+
+def test_a_frame_journaled_unchanged_is_the_delivered_bytes_not_encoded_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "journal"
+    member = StandInMember()
+    journal = NodeJournal(JournalSettings(str(directory)), member, 1)  # type: ignore[arg-type]
+    deliver(member, journal, pc.Genesis("site-p", 7))
+    deliver(member, journal, pc.QueueDeclare("keep", {"durable": True}), pc.SessionOpen(SID))
+    encoded: list[Sequence[pc.Command]] = []
+    append = journal.journal.append
+
+    def spy(first_cseq: int, commands: Sequence[pc.Command]) -> None:
+        encoded.append(commands)
+        append(first_cseq, commands)
+
+    monkeypatch.setattr(journal.journal, "append", spy)
+    durable = pc.Publish("", "keep", b"BODY-durable", "1", DURABLE)
+    deliver(member, journal, durable, pc.Durable(2, 3))
+    kept = member.delivered_frame
+    assert encoded == []  # every command unchanged: the delivered bytes
+    deliver(member, journal, pc.Publish("", "keep", b"BODY-transient", "2"), durable)
+    assert len(encoded) == 1 and encoded[0][0].body == b""  # a body elided: encoded again
+    journal.journal.commit()
+    held = on_disk(directory)
+    assert kept in held and b"BODY-transient" not in held
+    journal.close()
+
+    with Journal.open(directory) as reopened:
+        got = reopened.recover()
+    assert got is not None and got.cseq == member.state.cseq
+    assert [m.body for m in got.state.queues["keep"].messages.values()] == [
+        b"BODY-durable",
+        b"",
+        b"BODY-durable",
     ]
