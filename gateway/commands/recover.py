@@ -23,7 +23,6 @@ from typing import Any
 
 import trio
 
-from cluster import state as st
 from cluster.bus import BusConfig, open_bus
 from cluster.member import BusOpener, SiteMember, recovery_progress
 from cluster.state.model import SiteState
@@ -174,8 +173,11 @@ async def _show_or_force(
             "one broker on its journal directory first (forcing now could only start "
             "the site from nothing)"
         )
+    # The journals' incarnations, read now: by the time the ForceRecovery is
+    # applied here the recovered state may already have replaced this one.
+    reported = {incarnation for _pid, _cseq, incarnation, _p in state.candidates.values()}
     await member.submit_and_wait(pc.ForceRecovery(site, int(time.time() * 1e6)))
-    return await _wait_live(member, site, result, say, live_within_s)
+    return await _wait_live(member, site, result, say, live_within_s, reported)
 
 
 async def _wait_live(
@@ -184,13 +186,13 @@ async def _wait_live(
     result: dict[str, Any],
     say: Callable[[str], None],
     within_s: float,
+    reported: set[int],
 ) -> dict[str, Any]:
     state = member.state
     winner = state.recovery_winner
     if winner is not None:
         cseq = state.candidates[winner[0]][1]
         say(f"forced: site {site} continues from node {winner[0]}'s journal (cseq {cseq})")
-    new_incarnation = st.recovery_loses_history(state)
     result["forced"] = True
     with trio.move_on_after(within_s):
         await member.site_live.wait()
@@ -205,7 +207,9 @@ async def _wait_live(
         f"site {site} is live: incarnation {state.incarnation:#x}, cseq {state.cseq}; brokers "
         "that did not report take the state from the others when they start"
     )
-    if new_incarnation:
+    # A recovery that lacked a journal goes on as a new incarnation
+    # (cluster.state.recovery_loses_history): none of the journals had it.
+    if state.incarnation not in reported:
         say(
             f"the absent brokers may have had more on disk, which {site}'s DR site may hold: "
             f"{site} goes on as a new incarnation, which the DR site refuses until you run "

@@ -129,3 +129,24 @@ def test_the_config_may_be_a_brokers_or_a_sidecars(tmp_path: Path) -> None:
     nonsense.write_text("colour: blue\n")
     with pytest.raises(DrgateError, match="neither a broker's nor a sidecar's config"):
         load_site_bus(str(nonsense))
+
+
+async def test_the_accept_incarnation_hint_survives_a_recovery_applied_before_the_command_looks(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The chosen broker's state may replace the command's before it looks
+    again (no recovery winner left in it): the new incarnation is still told."""
+    from gateway.commands.recover import _wait_live
+
+    class Recovered:
+        state = journaled(1)
+        site_live = trio.Event()
+
+    Recovered.state.incarnation = INCARNATION + 1  # the forced recovery's new one
+    Recovered.site_live.set()
+    said: list[str] = []
+    await _wait_live(Recovered(), SITE, {}, said.append, 1.0, {INCARNATION})  # type: ignore[arg-type]
+    assert any("--accept-incarnation" in line for line in said), said
+    said.clear()
+    await _wait_live(Recovered(), SITE, {}, said.append, 1.0, {INCARNATION + 1})  # type: ignore[arg-type]
+    assert not any("--accept-incarnation" in line for line in said), said
