@@ -16,7 +16,8 @@ Everything else is *transient*: a node's journal holds the commands that made
 it but not their message bodies (:func:`for_journal`, and a checkpoint's
 snapshot with ``transient_bodies=False``), so the replay reproduces every
 position and cseq, and a whole-site recovery then drops it
-(:func:`drop_transient`) at the same stream point on every member.
+(:func:`drop_transient`) at the same stream point on every member, and
+records itself in the state (:func:`take_recovery`).
 
 Message bodies are kept in the journal, transient or not, for a queue with a
 byte limit (``qpid.max_size``): its refusals count bytes, and the replay must
@@ -39,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from cluster.state.model import Exchange, Queue, SiteState
+from cluster.state.model import Exchange, Queue, Recovery, SiteState
 from cluster.state.queues import drop_bindings_to, forget_hold, forget_reports
 from cluster.state.replica import replica_of
 from cluster.state.views import route
@@ -57,6 +58,7 @@ __all__ = [
     "persistent",
     "publish_persistent",
     "queue_durable",
+    "take_recovery",
 ]
 
 
@@ -148,6 +150,16 @@ class TransientDropped:
     def touched_queues(self) -> tuple[str, ...]:
         """Every queue that lost something (dropped, or lost messages)."""
         return (*self.queues, *self.messages)
+
+
+def take_recovery(state: SiteState) -> TransientDropped:
+    """The site continues from ``state``, a broker journal's, at a whole-site
+    recovery: drop what does not survive the restart (:func:`drop_transient`)
+    and record the recovery in the state (:class:`Recovery`), at the same
+    stream point on every member."""
+    dropped = drop_transient(state)
+    state.recoveries.append(Recovery(len(state.recoveries) + 1, state.cseq, bool(dropped)))
+    return dropped
 
 
 def drop_transient(state: SiteState) -> TransientDropped:

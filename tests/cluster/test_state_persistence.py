@@ -10,6 +10,7 @@ from cluster.state.persistence import (
     for_journal,
     publish_persistent,
     queue_durable,
+    take_recovery,
 )
 from protocol import cluster as pc
 from protocol.modes import Mode
@@ -199,3 +200,16 @@ def test_the_recovery_drops_transient_messages_queues_exchanges_and_bindings() -
     drop_transient(twin)
     assert st.digest(twin) == st.digest(s)
     assert not drop_transient(s)  # nothing transient left
+
+
+def test_a_recovery_is_recorded_in_the_state_it_continues_from() -> None:
+    s = mixed_site()
+    dropped = take_recovery(s)
+    assert dropped.queues == ("temp", "capped")
+    assert s.recoveries == [st.Recovery(1, s.cseq, True)]
+    st.apply(s, pc.QueueDeclare("after", {"durable": True}))
+    twin = st.restore_untrusted(st.snapshot(s))
+    assert not take_recovery(s)  # nothing transient: recorded all the same
+    assert s.recoveries == [st.Recovery(1, s.cseq - 1, True), st.Recovery(2, s.cseq, False)]
+    take_recovery(twin)
+    assert st.digest(twin) == st.digest(s)
