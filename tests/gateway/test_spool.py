@@ -633,10 +633,11 @@ def test_default_fsync_is_batch() -> None:
 
 
 class SpoolMachine(RuleBasedStateMachine):
-    """Random appends (some on a full disk), trims, reads, reopens, rejoins and
-    new incarnations against a list of events.  The honesty invariant: every
-    event above the floor that was appended is read back, and every event
-    that was not (a failed write, a join point) is at or below the floor."""
+    """Random appends (some on a full disk), trims, reads, reopens, rejoins,
+    whole-site recoveries and new incarnations against a list of events.  The
+    honesty invariant: every event above the floor that was appended is read
+    back, and every event that was not (a failed write, a join point) is at or
+    below the floor."""
 
     MAX = 6000
     SEG = 1500
@@ -645,6 +646,7 @@ class SpoolMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="spool-model-"))
         self.incarnation = 9
+        self.recoveries: list[int] = []  # the cseq each whole-site recovery continued from
         self.spool = self.open()
         self.model: list[Event] = []  # appended and written
         self.next_seq = 1
@@ -660,6 +662,7 @@ class SpoolMachine(RuleBasedStateMachine):
             fsync="never",
             incarnation=self.incarnation,
             start_after=start_after,
+            recoveries=self.recoveries,
         )
 
     def teardown(self) -> None:
@@ -760,10 +763,34 @@ class SpoolMachine(RuleBasedStateMachine):
         self.last, self.next_seq = join, join + 1
         self.min_floor = max(self.min_floor, join)
 
+    @rule(data=st.data(), gap=st.integers(0, 30))
+    def whole_site_recovery(self, data: st.DataObject, gap: int) -> None:
+        """The whole site restarted and continued from a journal at a cseq
+        between D's acks and the stream's end, then went on by ``gap`` while
+        this sidecar was down."""
+        cseq = data.draw(st.integers(self.trimmed, max(self.trimmed, self.last)))
+        # At most what it holds (a floor it could not persist is forgotten).
+        held = max(self.trimmed, self.min_floor, *(e[0] for e in self.model[-1:]))
+        join = cseq + gap
+        asides = len(list(self.dir.glob(f"{ss.SET_ASIDE_PREFIX}*")))
+        self.spool.close()
+        self.recoveries.append(cseq)
+        self.spool = self.open(start_after=join)
+        assert self.spool.written_under == len(self.recoveries) - 1
+        set_aside = len(list(self.dir.glob(f"{ss.SET_ASIDE_PREFIX}*"))) > asides
+        if any(e[0] > cseq for e in self.model):  # another history
+            assert set_aside
+        if set_aside:
+            assert held > cseq
+            self.model, self.trimmed = [], join
+        self.last, self.next_seq = join, join + 1
+        self.min_floor = join  # what the spool lost above cseq is the other history's
+
     @rule(gap=st.integers(0, 30))
     def new_incarnation(self, gap: int) -> None:
         """The whole site restarted as a new incarnation, numbering from ``gap``."""
         self.incarnation += 1
+        self.recoveries = []
         self.spool.close()
         self.spool = self.open(start_after=gap)
         self.model, self.trimmed, self.min_floor = [], gap, gap
