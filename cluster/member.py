@@ -60,7 +60,7 @@ from cluster.membership import (
     StartGenesis,
 )
 from cluster.state.effects import Effect
-from cluster.state.persistence import TransientDropped, drop_transient
+from cluster.state.persistence import TransientDropped, take_recovery
 from protocol import cluster as pc
 from protocol.errors import BusError, DrgateError
 from protocol.modes import Role
@@ -513,8 +513,8 @@ class SiteMember:
         self.state = st.restore_untrusted(blob)
         self.recovered = None
         # What a restart of the whole site does not keep goes here, at this
-        # point of the stream, on every member alike.
-        self.recovery_dropped = drop_transient(self.state)
+        # point of the stream, on every member alike; the state records it.
+        self.recovery_dropped = take_recovery(self.state)
         log.info(
             "recovery: site %s continues from node %d's journal at cseq %d (incarnation %#x); "
             "transient state dropped: %d messages, queues %s, exchanges %s",

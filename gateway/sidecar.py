@@ -282,7 +282,6 @@ class Sidecar(NullObserver):
         self.tap.resync_rules(self.state)
         self.spool = self._open_spool()
         self._roles_may_have_changed()
-        self._resync_after_recovery()
 
     def view_seen(self, view: ViewChange) -> None:
         if not view.quorate:
@@ -304,25 +303,32 @@ class Sidecar(NullObserver):
             "quorate, so this sidecar neither forwards nor ingests until the partition heals"
         )
 
-    def _resync_after_recovery(self) -> None:
-        """A whole-site recovery dropped transient state that D may hold, and
-        the spool may resume seamlessly below the recovery point: resync D at
-        a cut after it (docs/architecture.md, "Durability")."""
-        dropped = self.member.recovery_dropped
-        if dropped and self.egress is not None:
+    def _resync_after_recoveries(self, spool: Spool) -> None:
+        """A whole-site recovery that this sidecar's spool did not see dropped
+        transient state that D may hold, and the spool may resume D seamlessly
+        below the recovery point: resync D at a cut after it, whether or not
+        this sidecar took part in the recovery (docs/architecture.md,
+        "Durability").  A new spool saw every recovery before its join point."""
+        recoveries = self.state.recoveries
+        seen = spool.written_under
+        if seen is None:
+            seen = sum(1 for r in recoveries if r.cseq < self.state.cseq)
+        missed = [r for r in recoveries[seen:] if r.dropped]
+        if missed and self.egress is not None:
             log.info(
-                "sidecar: the recovery dropped transient state of queues %s and exchanges %s; "
-                "D is resynced",
-                list(dropped.touched_queues()),
-                list(dropped.exchanges),
+                "sidecar: whole-site recoveries %s (continued from cseqs %s) dropped transient "
+                "state this sidecar's spool did not see; D is resynced",
+                [r.count for r in missed],
+                [r.cseq for r in missed],
             )
             self.egress.request_resync()
 
     def _open_spool(self) -> Spool:
         """The spool, holding every event above the current cseq (the join
         point: what it held below is kept, what lies between is a resync for
-        D); one of another incarnation is set aside."""
-        return Spool.open(
+        D); one of another incarnation, or holding events of a history a
+        whole-site recovery did not continue, is set aside."""
+        spool = Spool.open(
             self.config.spool_dir,
             max_bytes=self.config.spool_max_bytes,
             # A small spool gets small segments, so an overflow drops little.
@@ -330,7 +336,10 @@ class Sidecar(NullObserver):
             fsync=self.config.fsync,
             incarnation=self.state.incarnation,
             start_after=self.state.cseq,
+            recoveries=[r.cseq for r in self.state.recoveries],
         )
+        self._resync_after_recoveries(spool)
+        return spool
 
     # ------------------------------------------------------------------
     # Service
@@ -351,7 +360,6 @@ class Sidecar(NullObserver):
             if self.spool is None:
                 self.tap.resync_rules(self.state)
                 self.spool = self._open_spool()
-                self._resync_after_recovery()
             if self.egress is not None:
                 nursery.start_soon(self.egress.serve)
                 nursery.start_soon(self._watch_rules)

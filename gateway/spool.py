@@ -19,10 +19,11 @@ anything depends on it.  When D's resume point is below the floor,
 :meth:`Spool.needs_resync` says the spool cannot replay what D misses: a
 resync, never silence.
 
-*Provenance.*  :meth:`Spool.open` takes the site's ``incarnation`` and the
-join point (``start_after``, the cseq the sidecar's state was cut at).  A
-directory of another incarnation, of another format, or holding events above
-the join point (another history) is set aside, never replayed, and a new
+*Provenance.*  :meth:`Spool.open` takes the site's ``incarnation``, the
+join point (``start_after``, the cseq the sidecar's state was cut at) and the
+site's whole-site ``recoveries``.  A directory of another incarnation, of
+another format, or holding events above the join point or above a recovery
+it did not see (another history) is set aside, never replayed, and a new
 spool begins at the join point; an existing spool opened with a join point
 above its floor raises its floor to it (the events in between went by while
 this sidecar was down).
@@ -77,7 +78,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -137,6 +138,7 @@ class Spool:
         self._failing = False  # in a disk outage (logged once)
         self._state_unsaved = False  # the marks changed and could not be persisted
         self._trim_unsaved = False  # trim moved the watermark; not persisted yet
+        self.written_under: int | None = None  # recoveries seen by what open found (open)
 
     @property
     def _segs(self) -> SegmentSet:
@@ -155,15 +157,19 @@ class Spool:
         fsync: FsyncPolicy | str = DEFAULT_FSYNC,
         incarnation: int | None = None,
         start_after: int | None = None,
+        recoveries: Sequence[int] | None = None,
     ) -> Spool:
         """Open (creating if needed) the spool in ``directory``; may block (scans segments).
 
         ``incarnation`` is the site's (``None``: whatever the spool holds, to
         inspect it; a new spool records 0).  ``start_after`` is the join point:
         the spool holds every event above it from now on (``None``: keep the
-        persisted floor).  Content of another incarnation or format, or above
-        the join point, is set aside (gateway/spoolstate.py); a join point
-        above the floor raises the floor.  ``max_bytes`` must be at least twice
+        persisted floor).  ``recoveries``: the cseq each whole-site recovery
+        continued from, oldest first (``None``: not checked).  Content of
+        another incarnation or format, or above the join point or a recovery
+        it missed, is set aside (gateway/spoolstate.py; :attr:`written_under`
+        says how many recoveries it had seen); a join point above the floor
+        raises the floor.  ``max_bytes`` must be at least twice
         ``segment_bytes``, so an overflow keeps at least one full segment.
 
         Raises :class:`SpoolError` if another process has the directory open,
@@ -181,7 +187,7 @@ class Spool:
             spool._lock_fd = sf.lock_directory(path)
             dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
             spool._log = SegmentSet(path, policy, dir_fd)
-            spool._load(incarnation, start_after)
+            spool._load(incarnation, start_after, recoveries)
         except BaseException:
             spool.close()
             raise
@@ -210,31 +216,25 @@ class Spool:
 
     # --- opening ----------------------------------------------------------------
 
-    def _load(self, incarnation: int | None, start_after: int | None) -> None:
+    def _load(
+        self, incarnation: int | None, start_after: int | None, recoveries: Sequence[int] | None
+    ) -> None:
         marks, why = ss.provenance(self.directory, incarnation)
         label = "unknown" if marks is None else str(marks.incarnation)
+        self.written_under = None if marks is None or why else marks.recovery
         if marks is not None and not why:
             self._marks = marks
             self._recover()
-            if start_after is not None and start_after < self.held_upto:
-                why = f"it holds seq {self.held_upto}, above the join point {start_after}"
+            why = ss.lost_history(marks, self.held_upto, start_after, recoveries)
+            if why:
                 self._segs.forget()
         if why:
             ss.set_aside(self.directory, label, why)
             self._segs.sync_dir()
         if marks is None or why:  # a new spool: its floor is a promise kept across restarts
-            begin = start_after or 0
-            self._marks = Watermarks(begin, begin, incarnation or 0)
-            self._save_state()
-        elif start_after is not None and start_after > self._marks.floor:
-            log.warning(
-                "spool.open dir=%s floor=%d raised_to=%d reason=join-point-above-floor "
-                "(what went by while this sidecar was down: D resyncs if it needs it)",
-                self.directory,
-                self._marks.floor,
-                start_after,
-            )
-            self._marks.floor = start_after
+            self._marks = Watermarks(start_after or 0, start_after or 0, incarnation or 0)
+        changed = self._marks.join(self.directory, start_after, recoveries)
+        if marks is None or why or changed:
             self._save_state()
         s = self.statistics()
         log.info(

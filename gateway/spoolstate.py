@@ -14,6 +14,14 @@ can say what it is) is never replayed: :func:`set_aside` moves it into a
 subfolder ``set-aside-<incarnation>-<timestamp>`` (a rename: same file
 system, nothing copied), where it stays for inspection until an operator
 deletes it, and the spool starts empty.
+
+*Whole-site recoveries.*  The state also records how many whole-site
+recoveries the site had when the spool was written (``recovery``).  A
+recovery continues from the most advanced broker journal, cseq C: a spool
+may hold events above C that no broker journaled, which the site's history
+then numbered anew.  A spool written before a recovery it did not see is
+kept only if it holds nothing above the lowest C of the recoveries since
+(:func:`lost_history`); else it is set aside like another incarnation's.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -33,8 +41,10 @@ from gateway.spoolfile import LOCK_FILE, SpoolCorruptError
 log = logging.getLogger("gateway.spool")
 
 STATE_FILE: Final = "spool.state"
-# 2: the incarnation.  A state of another version is set aside with its segments.
-STATE_VERSION: Final = 2
+# 2: the incarnation; 3: the recovery count.  A state of version 2 reads as
+# written before any recovery; of another version it is set aside with its segments.
+STATE_VERSION: Final = 3
+_READABLE_VERSIONS: Final = (2, STATE_VERSION)
 SET_ASIDE_PREFIX: Final = "set-aside-"
 
 
@@ -49,6 +59,7 @@ class Watermarks:
     first_lost_seq: int | None = None  # lowest seq of the current loss episode
     overflow_count: int = 0  # segments dropped because the spool was full (ever)
     overflow_events: int = 0  # events dropped with them (ever)
+    recovery: int = 0  # whole-site recoveries the site had had when its events were written
 
     def lose(self, first: int, last: int, overflow_events: int | None = None) -> None:
         """Events ``first..last`` are not in the spool: raise the floor past them.
@@ -60,6 +71,24 @@ class Watermarks:
         if overflow_events is not None:
             self.overflow_count += 1
             self.overflow_events += overflow_events
+
+    def join(
+        self, directory: Path, start_after: int | None, recoveries: Sequence[int] | None
+    ) -> bool:
+        """A sidecar opens the spool at the join point ``start_after`` in a
+        site that had ``len(recoveries)`` whole-site recoveries: record that
+        count, raise the floor to the join point (logged); whether they changed."""
+        changed = False
+        if recoveries is not None and len(recoveries) != self.recovery:
+            self.recovery, changed = len(recoveries), True  # written under it from now on
+        if start_after is not None and start_after > self.floor:
+            log.warning(
+                "spool.open dir=%s floor=%d raised_to=%d reason=join-point-above-floor "
+                "(what went by while this sidecar was down: D resyncs if it needs it)",
+                *(directory, self.floor, start_after),
+            )
+            self.floor, changed = start_after, True
+        return changed
 
     @property
     def overflowed(self) -> bool:
@@ -89,7 +118,7 @@ def load_state(directory: Path) -> Watermarks | None:
         return None
     try:
         state = json.loads(text)
-        if state.get("version") != STATE_VERSION:
+        if state.get("version") not in _READABLE_VERSIONS:
             raise OtherFormat(state.get("version"))
         return Watermarks(
             floor=int(state["floor"]),
@@ -99,6 +128,7 @@ def load_state(directory: Path) -> Watermarks | None:
             first_lost_seq=_int_or_none(state["first_lost_seq"]),
             overflow_count=int(state["overflow_count"]),
             overflow_events=int(state["overflow_events"]),
+            recovery=int(state.get("recovery", 0)),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise SpoolCorruptError(state_path, 0, f"unreadable state file ({exc})") from None
@@ -179,6 +209,33 @@ def provenance(directory: Path, incarnation: int | None) -> tuple[Watermarks | N
         if found is not None and found != (sf.VERSION, marks.incarnation):
             return marks, f"segment {path.name} of format {found[0]} incarnation {found[1]}"
     return marks, ""
+
+
+def lost_history(
+    marks: Watermarks, held_upto: int, start_after: int | None, recoveries: Sequence[int] | None
+) -> str:
+    """Why a spool whose marks are ``marks``, holding events up to
+    ``held_upto``, holds another history than the site's ("" when it does
+    not): events above a whole-site recovery it missed (``recoveries``: the
+    cseq each of the site's recoveries continued from, oldest first;
+    ``None`` does not check), or above the join point ``start_after``."""
+    if recoveries is not None:
+        if marks.recovery > len(recoveries):
+            return (
+                f"it was written after whole-site recovery {marks.recovery}, "
+                f"the site had {len(recoveries)}"
+            )
+        missed = recoveries[marks.recovery :]
+        if missed and held_upto > min(missed):
+            number = marks.recovery + 1 + missed.index(min(missed))
+            return (
+                f"it holds seq {held_upto}, spooled before whole-site recovery {number}, "
+                f"which continued from cseq {min(missed)}: what lies above never happened "
+                "in the site's history"
+            )
+    if start_after is not None and start_after < held_upto:
+        return f"it holds seq {held_upto}, above the join point {start_after}"
+    return ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from cluster.state.machine import apply, apply_all, members_left, recovery_loses
 from cluster.state.merge import fenced, read_only_origin
 from cluster.state.model import (
     COUNTERS,
+    Recovery,
     SiteState,
     new_state,
     session_id,
@@ -79,6 +80,7 @@ __all__ = [
     "QueueDeleted",
     "QueueInfo",
     "Reason",
+    "Recovery",
     "Refused",
     "Released",
     "ReplicatedOutcome",

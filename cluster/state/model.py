@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from cluster.state.effects import Message
 from protocol.cluster import Bind, ExchangeDeclare, ExchangeType, QueueDeclare
@@ -366,6 +367,19 @@ class StagedResync:
         return (self.incarnation, self.cut, self.epoch, self.pieces)
 
 
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """A whole-site recovery (cluster/state/persistence.py ``take_recovery``):
+    the site's ``count``-th, which continued from a broker journal's cseq
+    ``cseq``; ``dropped`` says whether it dropped transient state.  Events
+    a sidecar spooled above ``cseq`` before it never happened in the site's
+    history, and D may hold transient state the site lost when ``dropped``."""
+
+    count: int
+    cseq: int
+    dropped: bool
+
+
 class SiteState:
     """The whole state of a site, as every member holds it.
 
@@ -386,6 +400,7 @@ class SiteState:
         "origins",
         "queues",
         "ready",
+        "recoveries",
         "recovery_expect",
         "recovery_winner",
         "reported",
@@ -427,6 +442,8 @@ class SiteState:
         self.candidates: dict[int, tuple[int, int, int, int]] = {}
         self.recovery_expect = 0
         self.recovery_winner: tuple[int, int] | None = None
+        # Every whole-site recovery of this site, oldest first.
+        self.recoveries: list[Recovery] = []
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] += n

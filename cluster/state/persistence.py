@@ -16,11 +16,21 @@ Everything else is *transient*: a node's journal holds the commands that made
 it but not their message bodies (:func:`for_journal`, and a checkpoint's
 snapshot with ``transient_bodies=False``), so the replay reproduces every
 position and cseq, and a whole-site recovery then drops it
-(:func:`drop_transient`) at the same stream point on every member.
+(:func:`drop_transient`) at the same stream point on every member, and
+records itself in the state (:func:`take_recovery`).
 
 Message bodies are kept in the journal, transient or not, for a queue with a
 byte limit (``qpid.max_size``): its refusals count bytes, and the replay must
 refuse what the live node refused.
+
+*At the DR site.*  A replica queue is the primary's: P still holds it, and
+the transient messages a ``full`` replica mirrors, after D lost power, and
+goes on sending to it.  So D's journal keeps every body of a ``full``
+replica, and :func:`drop_transient` never drops a replica queue (any mode),
+a message of a ``full`` replica, nor a replica exchange.  What D's own
+consumers work on, the messages of an ``enqueue`` replica, is D's: its
+transient ones go like any transient message (D is a broker that lost
+power).
 
 Pure functions of the state, like the rest of :mod:`cluster.state`.
 """
@@ -30,12 +40,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from cluster.state.model import Exchange, Queue, SiteState
+from cluster.state.model import Exchange, Queue, Recovery, SiteState
 from cluster.state.queues import drop_bindings_to, forget_hold, forget_reports
 from cluster.state.replica import replica_of
 from cluster.state.views import route
 from protocol import cluster as pc
-from protocol.modes import DURABLE_ARG, PERSIST_LAST_NODE_ARG, flag_value
+from protocol.modes import DURABLE_ARG, PERSIST_LAST_NODE_ARG, Mode, flag_value
 from protocol.values import ValueMap
 
 __all__ = [
@@ -48,6 +58,7 @@ __all__ = [
     "persistent",
     "publish_persistent",
     "queue_durable",
+    "take_recovery",
 ]
 
 
@@ -85,10 +96,16 @@ def publish_persistent(
     )
 
 
+def _full_replica(q: Queue) -> bool:
+    return q.replica is not None and q.replica.mode == Mode.FULL
+
+
 def keeps_body(q: Queue | None, properties: ValueMap | None) -> bool:
     """A node's journal (and checkpoint) holds the body of a message with
     ``properties`` on ``q``."""
-    return q is not None and (q.max_size is not None or persistent(q, properties))
+    return q is not None and (
+        q.max_size is not None or _full_replica(q) or persistent(q, properties)
+    )
 
 
 def for_journal(state: SiteState, cmd: pc.Command) -> pc.Command:
@@ -135,24 +152,40 @@ class TransientDropped:
         return (*self.queues, *self.messages)
 
 
+def take_recovery(state: SiteState) -> TransientDropped:
+    """The site continues from ``state``, a broker journal's, at a whole-site
+    recovery: drop what does not survive the restart (:func:`drop_transient`)
+    and record the recovery in the state (:class:`Recovery`), at the same
+    stream point on every member."""
+    dropped = drop_transient(state)
+    state.recoveries.append(Recovery(len(state.recoveries) + 1, state.cseq, bool(dropped)))
+    return dropped
+
+
 def drop_transient(state: SiteState) -> TransientDropped:
     """Remove from ``state`` what does not survive a whole-site restart:
     non-durable queues (with their bindings), non-durable exchanges, and the
-    transient messages of durable queues (acquired or not).  Deterministic:
-    every member that applies it to the same state gets the same state."""
-    gone_queues = [q for q in state.queues.values() if not queue_durable(q)]
+    transient messages of the queues that stay (acquired or not); never a
+    replica queue or exchange, nor a message of a ``full`` replica (module
+    docstring).  Deterministic: every member that applies it to the same
+    state gets the same state."""
+    gone_queues = [q for q in state.queues.values() if q.replica is None and not queue_durable(q)]
     for q in gone_queues:
         del state.queues[q.name]
         drop_bindings_to(state, q.name)
         forget_reports(state, q.name)
         for pos, (sid, _consumer) in q.acquired.items():
             forget_hold(state, sid, q.name, pos)
-    gone_exchanges = [x for x in state.exchanges.values() if not exchange_durable(x)]
+    gone_exchanges = [
+        x for x in state.exchanges.values() if not x.replica_origin and not exchange_durable(x)
+    ]
     for x in gone_exchanges:
         del state.exchanges[x.name]
         forget_reports(state, x.name)
     messages: dict[str, int] = {}
     for q in state.queues.values():
+        if _full_replica(q):
+            continue
         transient = [m.pos for m in q.messages.values() if not persistent(q, m.properties)]
         for pos in transient:
             held = q.acquired.get(pos)

@@ -31,6 +31,8 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
                   | u32 n | n x guarded queue str16   (this site's own stream)
                   | durable_cseq u64 | recovery_expect u32 | winner u8 [node u32 | pid u32]
                   | u32 n | n x (node u32 | pid u32 | cseq u64 | incarnation u64 | proposal u64)
+                  | u32 n | n x (cseq u64 | dropped u8)    whole-site recoveries, oldest
+                                                          first (not in version 2)
     origin     := name str16 | incarnation u64 | epoch u32 | promoted u8
                   | promoted_time_us u64 | last_time_us u64 | last_cseq u64
                   | refused_incarnation u64 | u32 n | n x (incarnation u64 | cseq u64)
@@ -45,6 +47,9 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
     staged     := origin str16 | incarnation u64 | cut u64 | epoch u32 | pieces u32
                   | records bytes32        (a resync being staged, re-encoded as
                                             snapshot records: cluster.state.resync)
+
+A snapshot of version 2 (before whole-site recoveries were recorded) reads
+as a site that had none; this drgate writes version 3.
 
 Every collection is written in its insertion order, which is the same on
 every member (the state machine never iterates unordered sets), so the
@@ -64,6 +69,7 @@ from cluster.state.model import (
     Exchange,
     Origin,
     Queue,
+    Recovery,
     Replica,
     Session,
     SiteState,
@@ -77,7 +83,9 @@ from protocol.modes import Mode, Role
 from protocol.values import Value, ValueMap, pack_value_map, unpack_value_map_untrusted
 
 MAGIC = b"DRGS"
-SNAPSHOT_VERSION = 2
+# 3: whole-site recoveries (read from version 2 as none).
+SNAPSHOT_VERSION = 3
+_READABLE_VERSIONS = (2, SNAPSHOT_VERSION)
 
 _HEAD = struct.Struct(">4sHH")
 _U8 = struct.Struct(">B")
@@ -240,6 +248,8 @@ def snapshot(state: SiteState, *, transient_bodies: bool = True) -> bytes:
     out.append(_U32.pack(len(state.candidates)))
     for node, candidate in state.candidates.items():
         out.append(_CANDIDATE.pack(node, *candidate))
+    out.append(_U32.pack(len(state.recoveries)))
+    out.extend(_U64.pack(r.cseq) + _U8.pack(int(r.dropped)) for r in state.recoveries)
     try:
         return b"".join(out)
     except TypeError as exc:  # pragma: no cover - a body that is not bytes
@@ -363,10 +373,11 @@ def _restore(r: _Reader) -> SiteState:
     magic, version, reserved = r.unpack(_HEAD)
     if magic != MAGIC:
         raise RemoteProtocolError(f"not a drgate state snapshot (magic {magic!r})")
-    if version != SNAPSHOT_VERSION:
+    if version not in _READABLE_VERSIONS:
         raise RemoteProtocolError(
             f"snapshot version {version} is not supported (this member reads "
-            f"{SNAPSHOT_VERSION}); run the same drgate release on every member of a site"
+            f"{', '.join(map(str, _READABLE_VERSIONS))}); run the same drgate release on "
+            "every member of a site"
         )
     if reserved:
         raise RemoteProtocolError(f"snapshot reserved field is {reserved:#x}, not 0")
@@ -504,6 +515,10 @@ def _restore(r: _Reader) -> SiteState:
     for _ in range(r.u32()):
         node, pid, cseq, incarnation, proposal = r.unpack(_CANDIDATE)
         st.candidates[node] = (pid, cseq, incarnation, proposal)
+    if version >= 3:
+        for count in range(1, r.u32() + 1):
+            cseq = r.u64()
+            st.recoveries.append(Recovery(count, cseq, r.flag("the recovery's dropped")))
     if r.off != len(data):
         raise RemoteProtocolError(f"snapshot has {len(data) - r.off} trailing bytes")
     for q in st.queues.values():

@@ -12,7 +12,7 @@ import pytest
 from cluster import state as st
 from cluster.durability import JournalSettings, NodeJournal
 from cluster.journal import Journal
-from cluster.state.persistence import drop_transient
+from cluster.state.persistence import drop_transient, take_recovery
 from protocol import cluster as pc
 from tests.support.state import Member
 
@@ -131,3 +131,24 @@ def test_a_frame_journaled_unchanged_is_the_delivered_bytes_not_encoded_again(
         b"",
         b"BODY-durable",
     ]
+
+
+def test_the_checkpoint_a_recovery_makes_keeps_the_recovery(tmp_path: Path) -> None:
+    directory = tmp_path / "journal"
+    member = StandInMember()
+    journal = NodeJournal(JournalSettings(str(directory)), member, 1)  # type: ignore[arg-type]
+    deliver(member, journal, pc.Genesis("site-p", 7), pc.QueueDeclare("temp"))
+    # The site takes a journal's state at a whole-site recovery (the member's
+    # _take_recovery_chunk), then the node checkpoints it.
+    take_recovery(member.state)
+    journal.after_restore()
+    deliver(member, journal, pc.QueueDeclare("keep", {"durable": True}))
+    journal.journal.commit()
+    journal.close()
+    with Journal.open(directory) as reopened:
+        got = reopened.recover()
+    assert got is not None
+    assert got.state.recoveries == [st.Recovery(1, got.state.cseq - 1, True)]
+    # The next recovery from this journal is the site's second.
+    take_recovery(got.state)
+    assert [r.count for r in got.state.recoveries] == [1, 2]

@@ -10,6 +10,7 @@ from cluster.state.persistence import (
     for_journal,
     publish_persistent,
     queue_durable,
+    take_recovery,
 )
 from protocol import cluster as pc
 from protocol.modes import Mode
@@ -84,26 +85,86 @@ def test_the_journal_gets_no_body_of_a_message_that_does_not_persist() -> None:
     assert for_journal(s, other) is other
 
 
-def test_replicated_enqueues_are_journaled_by_the_replica_queue_durability() -> None:
-    d = genesis_state("site-d", 9)
-    feed: list[tuple[Mode, pc.Command]] = [
-        (Mode.FULL, pc.QueueDeclare("keep", {"durable": True, "qpid.replicate": "all"})),
-        (Mode.FULL, pc.QueueDeclare("temp", {"qpid.replicate": "all"})),
-    ]
-    st.apply(
-        d, pc.Replicated("site-p", 7, 1, 1, 1, tuple(m for m, _ in feed), tuple(c for _, c in feed))
-    )
-    enqueues = (
-        pc.Enqueue("keep", 1, b"kd", "d", DURABLE),
-        pc.Enqueue("keep", 2, b"kt", "t"),
-        pc.Enqueue("temp", 1, b"td", "d", DURABLE),
-    )
-    cmd = pc.Replicated("site-p", 7, 2, 1, 2, (Mode.FULL,) * 3, enqueues)
+def replicated(d: st.SiteState, cseq: int, feed: list[tuple[Mode, pc.Command]]) -> pc.Replicated:
+    """``feed`` applied at ``d`` as P's command ``cseq``; returns the command."""
+    modes, commands = tuple(m for m, _ in feed), tuple(c for _, c in feed)
+    cmd = pc.Replicated("site-p", 7, cseq, 1, cseq, modes, commands)
     st.apply(d, cmd)
+    return cmd
+
+
+# Each replica queue at D: its mode and whether it is durable at P.
+REPLICAS = {
+    "full-keep": (Mode.FULL, True),
+    "full-temp": (Mode.FULL, False),
+    "enq-keep": (Mode.ENQUEUE, True),
+    "enq-temp": (Mode.ENQUEUE, False),
+    "wiring-temp": (Mode.WIRING, False),
+}
+
+
+def dr_site() -> tuple[st.SiteState, pc.Replicated]:
+    """D with the :data:`REPLICAS` and a non-durable replica fanout ``rx``
+    bound to full-temp, a local non-durable queue ``local``; on each queue
+    with messages a durable one and a transient one.  Returns the state and
+    the Replicated command of the enqueues."""
+    d = genesis_state("site-d", 9)
+    declares: list[tuple[Mode, pc.Command]] = [
+        (mode, pc.QueueDeclare(name, {"durable": True} if durable else {}))
+        for name, (mode, durable) in REPLICAS.items()
+    ]
+    declares.append((Mode.WIRING, pc.ExchangeDeclare("rx", pc.ExchangeType.FANOUT)))
+    declares.append((Mode.WIRING, pc.Bind("rx", "full-temp")))
+    replicated(d, 1, declares)
+    enqueues: list[tuple[Mode, pc.Command]] = []
+    for name, (mode, _durable) in REPLICAS.items():
+        if mode != Mode.WIRING:
+            enqueues.append((mode, pc.Enqueue(name, 1, f"{name}-durable".encode(), "d", DURABLE)))
+            enqueues.append((mode, pc.Enqueue(name, 2, f"{name}-transient".encode(), "t")))
+    cmd = replicated(d, 2, enqueues)
+    st.apply(d, pc.QueueDeclare("local"))
+    st.apply(d, pc.Publish("", "local", b"local-durable", "d", DURABLE))
+    return d, cmd
+
+
+def test_replicated_enqueues_keep_every_body_of_a_full_replica() -> None:
+    d, cmd = dr_site()
     journaled = for_journal(d, cmd)
     assert isinstance(journaled, pc.Replicated)
-    assert [c.body for c in journaled.commands] == [b"kd", b"", b""]  # type: ignore[attr-defined]
-    assert [c.properties for c in journaled.commands] == [DURABLE, {}, DURABLE]  # type: ignore[attr-defined]
+    got = {(c.queue, c.message_id): c.body for c in journaled.commands}  # type: ignore[attr-defined]
+    # A full replica is P's queue: P still holds its transient messages after
+    # D's power cut, so D's journal must too.  An enqueue copy is D's own.
+    assert got == {
+        ("full-keep", "d"): b"full-keep-durable",
+        ("full-keep", "t"): b"full-keep-transient",
+        ("full-temp", "d"): b"full-temp-durable",
+        ("full-temp", "t"): b"full-temp-transient",
+        ("enq-keep", "d"): b"enq-keep-durable",
+        ("enq-keep", "t"): b"",
+        ("enq-temp", "d"): b"",
+        ("enq-temp", "t"): b"",
+    }
+    assert [c.properties for c in journaled.commands][:2] == [DURABLE, {}]  # type: ignore[attr-defined]
+    restored = st.restore_untrusted(st.snapshot(d, transient_bodies=False))
+    assert bodies(restored)["full-temp"] == [b"full-temp-durable", b"full-temp-transient"]
+    assert bodies(restored)["enq-keep"] == [b"enq-keep-durable", b""]
+
+
+def test_d_own_recovery_keeps_replicas_and_full_replicas_messages() -> None:
+    d, _cmd = dr_site()
+    dropped = drop_transient(d)
+    assert bodies(d) == {
+        "full-keep": [b"full-keep-durable", b"full-keep-transient"],
+        "full-temp": [b"full-temp-durable", b"full-temp-transient"],
+        "enq-keep": [b"enq-keep-durable"],  # D's own transient message: gone
+        "enq-temp": [],  # on a queue that is not durable nothing is persistent
+        "wiring-temp": [],
+    }
+    assert dropped.queues == ("local",)
+    assert dropped.messages == {"enq-keep": 1, "enq-temp": 2}
+    assert dropped.exchanges == ()
+    assert list(d.exchanges["rx"].bindings) == [("full-temp", "")]
+    assert all(q.replica is not None for q in d.queues.values())
 
 
 def test_a_checkpoint_snapshot_leaves_out_transient_bodies_and_keeps_every_position() -> None:
@@ -139,3 +200,16 @@ def test_the_recovery_drops_transient_messages_queues_exchanges_and_bindings() -
     drop_transient(twin)
     assert st.digest(twin) == st.digest(s)
     assert not drop_transient(s)  # nothing transient left
+
+
+def test_a_recovery_is_recorded_in_the_state_it_continues_from() -> None:
+    s = mixed_site()
+    dropped = take_recovery(s)
+    assert dropped.queues == ("temp", "capped")
+    assert s.recoveries == [st.Recovery(1, s.cseq, True)]
+    st.apply(s, pc.QueueDeclare("after", {"durable": True}))
+    twin = st.restore_untrusted(st.snapshot(s))
+    assert not take_recovery(s)  # nothing transient: recorded all the same
+    assert s.recoveries == [st.Recovery(1, s.cseq - 1, True), st.Recovery(2, s.cseq, False)]
+    take_recovery(twin)
+    assert st.digest(twin) == st.digest(s)

@@ -30,6 +30,7 @@ from cluster.state import (
     snapshot,
     statistics,
 )
+from cluster.state.persistence import take_recovery
 from protocol import cluster as pc
 from protocol.errors import RemoteProtocolError
 from protocol.modes import Mode, Role
@@ -288,6 +289,27 @@ def test_snapshot_round_trip_keeps_everything() -> None:
     # The restored state behaves the same: the next acquire takes pos 1 (released).
     sid = session_id(1, 11, 1)
     assert apply(r, pc.Acquire("local", sid, 3, 5)) == apply(s, pc.Acquire("local", sid, 3, 5))
+
+
+def test_snapshot_keeps_the_whole_site_recoveries() -> None:
+    s = busy_state()
+    take_recovery(s)
+    apply(s, pc.QueueDeclare("later"))
+    take_recovery(s)
+    r = restore_untrusted(snapshot(s))
+    assert r.recoveries == s.recoveries
+    assert [(x.count, x.dropped) for x in r.recoveries] == [(1, True), (2, True)]
+
+
+def test_a_snapshot_of_version_2_restores_as_a_site_without_recoveries() -> None:
+    s = busy_state()
+    v3 = snapshot(s)
+    # Version 2 ends with the recovery candidates: no recovery records.
+    assert v3[4:6] == b"\x00\x03" and v3.endswith(b"\x00\x00\x00\x00")
+    v2 = v3[:4] + b"\x00\x02" + v3[6:-4]
+    r = restore_untrusted(v2)
+    assert r.recoveries == []
+    assert snapshot(r) == v3
 
 
 def test_digest_changes_with_state() -> None:

@@ -19,6 +19,7 @@ from cluster.bus import BusConfig
 from cluster.member import NullObserver, SiteMember
 from gateway.roles import SidecarRole
 from gateway.sidecar import Sidecar
+from gateway.spool import Spool
 from protocol import cluster as pc
 from protocol.errors import BusError
 from protocol.modes import Role
@@ -168,11 +169,9 @@ async def test_a_command_the_tap_cannot_forward_makes_d_resync_not_the_sidecar_s
         nursery.cancel_scope.cancel()
 
 
-async def recover_site(tmp_path: Path, nursery: trio.Nursery, recovered: st.SiteState) -> Sidecar:
-    """P restarted whole: a sidecar joins, then a broker whose journal
-    recovered ``recovered``; the sidecar once the site is live again."""
-    hub = MemoryBus(group="site-p")
-    config = sidecar_config(tmp_path, primary=True, site="site-p", peer="site-d", node=1)
+def journaled_sidecar(tmp_path: Path, nursery: trio.Nursery, hub: MemoryBus, node: int) -> Sidecar:
+    """A sidecar of a P whose brokers journal (one broker expected), serving."""
+    config = sidecar_config(tmp_path, primary=True, site="site-p", peer="site-d", node=node)
     config = dataclasses.replace(config, bus=dataclasses.replace(config.bus, expect_brokers=1))
 
     async def connect(address: Address) -> trio.abc.Stream:
@@ -183,6 +182,16 @@ async def recover_site(tmp_path: Path, nursery: trio.Nursery, recovered: st.Site
     nursery.start_soon(
         functools.partial(PrimarySite._serve, sidecar, task_status=trio.TASK_STATUS_IGNORED)
     )
+    return sidecar
+
+
+async def recover_site(
+    tmp_path: Path, nursery: trio.Nursery, recovered: st.SiteState, hub: MemoryBus | None = None
+) -> Sidecar:
+    """P restarted whole: a sidecar joins, then a broker whose journal
+    recovered ``recovered``; the sidecar once the site is live again."""
+    hub = hub or MemoryBus(group="site-p")
+    sidecar = journaled_sidecar(tmp_path, nursery, hub, 1)
     with trio.fail_after(WITHIN_S):
         await sidecar.member.ready.wait()
     broker = SiteMember(
@@ -223,4 +232,33 @@ async def test_a_recovery_that_dropped_transient_state_resyncs_d(
         # D's next connection gets a resync at a cut after the recovery point,
         # whatever the spool holds below it.
         assert sidecar.egress._force_resync == transient
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_sidecar_down_during_the_recovery_drops_the_lost_history_and_resyncs_d(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    recovered = journal_state(transient=True)
+    lost = recovered.cseq + 3
+    # Before the power cut, sidecar 2 spooled events up to ``lost`` that no
+    # broker journaled (never settled, held back by the durable gate).
+    with Spool.open(tmp_path / "spool-2", incarnation=7, start_after=0) as old:
+        old.append_many((seq, 1_000, b"lost", seq - 1) for seq in range(1, lost + 1))
+    async with trio.open_nursery() as nursery:
+        hub = MemoryBus(group="site-p")
+        first = await recover_site(tmp_path, nursery, recovered, hub)
+        assert first.state.recoveries == [st.Recovery(1, recovered.cseq, True)]
+        while first.state.cseq < lost:  # the new history passes what it spooled
+            await first.member.submit_and_wait(pc.QueueDeclare("new", {"durable": True}))
+        late = journaled_sidecar(tmp_path, nursery, hub, 2)
+        with trio.fail_after(WITHIN_S):
+            while late.spool is None:  # noqa: ASYNC110 (serve opens it once joined)
+                await trio.sleep(0.1)
+        assert late.state.recoveries == first.state.recoveries
+        assert late.spool.read_after(0, 1 << 20) == []  # nothing of the lost history
+        assert late.spool.written_under == 0
+        assert "before whole-site recovery 1" in caplog.text
+        # It missed a recovery that dropped transient state: D is resynced by
+        # it too, whoever took part in the recovery.
+        assert late.egress is not None and late.egress._force_resync
         nursery.cancel_scope.cancel()

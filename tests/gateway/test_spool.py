@@ -310,6 +310,56 @@ def test_a_spool_holding_events_above_the_join_point_is_set_aside(tmp_path: Path
     assert len(list(tmp_path.glob("set-aside-5-*"))) == 1
 
 
+def test_events_above_a_recovery_it_missed_are_set_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Spooled 1-10, never settled: the site restarted whole and continued
+    # from a journal at cseq 6, then went on to 10 while this sidecar was
+    # down.  Its 7-10 never happened in the site's history.
+    with Spool.open(tmp_path, **OPEN, incarnation=5, start_after=0, recoveries=()) as s:
+        s.append_many(events(1, 10))
+        s.trim(3)
+    with Spool.open(tmp_path, **OPEN, incarnation=5, start_after=10, recoveries=(6,)) as s:
+        assert [e[0] for e in read_all(s)] == []
+        assert (s.floor, s.written_under) == (10, 0)
+        s.append_many(events(11, 2, prev=10))
+        assert [e[0] for e in read_all(s)] == [11, 12]
+    (aside,) = tmp_path.glob("set-aside-5-*")
+    assert str(aside) in caplog.text
+    assert "before whole-site recovery 1, which continued from cseq 6" in caplog.text
+    with Spool.open(tmp_path, **OPEN, incarnation=5, recoveries=(6,)) as s:
+        assert (s.written_under, [e[0] for e in read_all(s)]) == (1, [11, 12])
+
+
+def test_a_spool_within_the_history_a_recovery_kept_is_kept(tmp_path: Path) -> None:
+    with Spool.open(tmp_path, **OPEN, incarnation=5, start_after=0, recoveries=(2,)) as s:
+        s.append_many(events(3, 4, prev=2))
+    # Two recoveries since, the first from 8 (above what it holds), the
+    # second from 20; the site is at 25.
+    with Spool.open(tmp_path, **OPEN, incarnation=5, start_after=25, recoveries=(2, 8, 20)) as s:
+        assert s.written_under == 1
+        assert [e[0] for e in read_all(s)] == [3, 4, 5, 6]
+    with Spool.open(tmp_path, **OPEN, incarnation=5, recoveries=(2, 8, 20, 30)) as s:
+        assert s.written_under == 3  # recorded at the last open
+        assert [e[0] for e in read_all(s)] == [3, 4, 5, 6]
+    # The oldest recovery it missed decides: 5 and 6 are above 4.
+    with Spool.open(tmp_path, **OPEN, incarnation=5, recoveries=(2, 8, 20, 30, 4)) as s:
+        assert read_all(s) == []
+    with Spool.open(tmp_path, **OPEN, incarnation=5, recoveries=(2,)) as s:
+        assert s.written_under == 5  # the site knows fewer: another history
+    assert len(list(tmp_path.glob("set-aside-5-*"))) == 2
+
+
+def test_a_state_file_of_version_2_was_written_before_any_recovery(tmp_path: Path) -> None:
+    with Spool.open(tmp_path, **OPEN, incarnation=5, start_after=0) as s:
+        s.append_many(events(1, 4))
+    state = json.loads((tmp_path / ss.STATE_FILE).read_text())
+    del state["recovery"]
+    (tmp_path / ss.STATE_FILE).write_text(json.dumps({**state, "version": 2}))
+    with Spool.open(tmp_path, **OPEN, incarnation=5, recoveries=(4,)) as s:
+        assert (s.written_under, [e[0] for e in read_all(s)]) == (0, [1, 2, 3, 4])
+
+
 def test_a_spool_of_an_older_format_is_set_aside(tmp_path: Path) -> None:
     (tmp_path / ss.STATE_FILE).write_text('{"version": 1, "floor": 9, "trimmed_upto": 9}')
     (tmp_path / sf.segment_name(10)).write_bytes(b"DRGSPL\x01\x00" + b"\x00" * 40)
@@ -583,10 +633,11 @@ def test_default_fsync_is_batch() -> None:
 
 
 class SpoolMachine(RuleBasedStateMachine):
-    """Random appends (some on a full disk), trims, reads, reopens, rejoins and
-    new incarnations against a list of events.  The honesty invariant: every
-    event above the floor that was appended is read back, and every event
-    that was not (a failed write, a join point) is at or below the floor."""
+    """Random appends (some on a full disk), trims, reads, reopens, rejoins,
+    whole-site recoveries and new incarnations against a list of events.  The
+    honesty invariant: every event above the floor that was appended is read
+    back, and every event that was not (a failed write, a join point) is at or
+    below the floor."""
 
     MAX = 6000
     SEG = 1500
@@ -595,6 +646,7 @@ class SpoolMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="spool-model-"))
         self.incarnation = 9
+        self.recoveries: list[int] = []  # the cseq each whole-site recovery continued from
         self.spool = self.open()
         self.model: list[Event] = []  # appended and written
         self.next_seq = 1
@@ -610,6 +662,7 @@ class SpoolMachine(RuleBasedStateMachine):
             fsync="never",
             incarnation=self.incarnation,
             start_after=start_after,
+            recoveries=self.recoveries,
         )
 
     def teardown(self) -> None:
@@ -710,10 +763,34 @@ class SpoolMachine(RuleBasedStateMachine):
         self.last, self.next_seq = join, join + 1
         self.min_floor = max(self.min_floor, join)
 
+    @rule(data=st.data(), gap=st.integers(0, 30))
+    def whole_site_recovery(self, data: st.DataObject, gap: int) -> None:
+        """The whole site restarted and continued from a journal at a cseq
+        between D's acks and the stream's end, then went on by ``gap`` while
+        this sidecar was down."""
+        cseq = data.draw(st.integers(self.trimmed, max(self.trimmed, self.last)))
+        # At most what it holds (a floor it could not persist is forgotten).
+        held = max(self.trimmed, self.min_floor, *(e[0] for e in self.model[-1:]))
+        join = cseq + gap
+        asides = len(list(self.dir.glob(f"{ss.SET_ASIDE_PREFIX}*")))
+        self.spool.close()
+        self.recoveries.append(cseq)
+        self.spool = self.open(start_after=join)
+        assert self.spool.written_under == len(self.recoveries) - 1
+        set_aside = len(list(self.dir.glob(f"{ss.SET_ASIDE_PREFIX}*"))) > asides
+        if any(e[0] > cseq for e in self.model):  # another history
+            assert set_aside
+        if set_aside:
+            assert held > cseq
+            self.model, self.trimmed = [], join
+        self.last, self.next_seq = join, join + 1
+        self.min_floor = join  # what the spool lost above cseq is the other history's
+
     @rule(gap=st.integers(0, 30))
     def new_incarnation(self, gap: int) -> None:
         """The whole site restarted as a new incarnation, numbering from ``gap``."""
         self.incarnation += 1
+        self.recoveries = []
         self.spool.close()
         self.spool = self.open(start_after=gap)
         self.model, self.trimmed, self.min_floor = [], gap, gap
