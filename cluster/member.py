@@ -30,9 +30,13 @@ consumers gave, a sidecar's ``AckWatermark`` by one a second).  A snapshot
 donation, the one thing whose size is the state's, is not posted: a task per
 joiner sends its chunks and waits for room in the channel like any submitter.
 
-Joining (:mod:`cluster.membership`): a joiner buffers its stream until a
-donor's snapshot arrives in ``StateChunk`` commands, restores it and applies
-what it buffered after the cut.  Ready (:attr:`SiteMember.ready`) once it holds
+Joining (:mod:`cluster.membership`): a joiner multicasts ``JoinHave`` (what
+its journal holds) and buffers its stream until a donor's snapshot arrives in
+``StateChunk`` commands, restores it and applies what it buffered after the
+cut.  The donor leaves out the persistent bodies the joiner's journal holds
+(:func:`cluster.state.delta_snapshot`); the joiner fills them from its
+recovered state, or, when one does not match, asks again with an empty
+``JoinHave`` and takes a full snapshot.  Ready (:attr:`SiteMember.ready`) once it holds
 the site state.
 """
 
@@ -53,6 +57,7 @@ import trio
 from cluster import state as st
 from cluster.bus import BusConfig, BusMember, Delivery, MemberId, ViewChange, open_bus
 from cluster.membership import (
+    AnnounceHave,
     Membership,
     Rejoin,
     SendSnapshot,
@@ -77,6 +82,10 @@ FRAME_MAX_BYTES = 256 * 1024
 COMMAND_QUEUE = 1000
 # Snapshot bytes per StateChunk command.
 CHUNK_BYTES = 512 * 1024
+# The largest JoinHave's ranges: a journal with more queues than fit (about
+# 2,000 of 20-byte names) announces nothing and takes a full transfer, so a
+# JoinHave stays a small command in one frame.
+JOIN_HAVE_MAX_BYTES = 64 * 1024
 
 # Snapshot envelope: member-level header around the state snapshot.
 #   cut u64 | ready count u32 | ready (node u32, pid u32)...
@@ -184,6 +193,19 @@ class _Encoded:
     done: _Applied | None
 
 
+@dataclass(slots=True)
+class TransferTotals:
+    """State transfers this member sent and took since it started."""
+
+    donations: int = 0  # snapshots sent to joiners
+    bytes_sent: int = 0  # their bytes
+    bytes_saved: int = 0  # bytes left to the joiners' journals
+    bodies_left: int = 0  # message bodies left to the joiners' journals
+    restores: int = 0  # snapshots taken
+    bytes_received: int = 0
+    fallbacks: int = 0  # deltas this member's journal could not fill
+
+
 @dataclass(frozen=True, slots=True)
 class _Barrier:
     """Marks a point in the command channel; ``event`` is set once every
@@ -251,6 +273,10 @@ class SiteMember:
         # What the whole-site recovery dropped as transient (None: no recovery).
         self.recovery_dropped: TransientDropped | None = None
         self.site_live = trio.Event()  # the state has an incarnation (not recovering)
+        # The recovered state a delta transfer's elided bodies come from (set
+        # when this member announces what it has; None after a fallback).
+        self._have_from: st.SiteState | None = None
+        self.transfers = TransferTotals()
 
     # ------------------------------------------------------------------
     # Service
@@ -397,6 +423,8 @@ class SiteMember:
                 self._start_genesis(action)
             elif isinstance(action, SendSnapshot):
                 self._send_snapshot(action)
+            elif isinstance(action, AnnounceHave):
+                self._announce_have()
             elif isinstance(action, Rejoin):
                 log.warning(
                     "this member was in a minority partition while the site went on: "
@@ -404,7 +432,9 @@ class SiteMember:
                 )
                 self._buffer = [view]
                 self._assembly.reset()
+                self._have_from = None
                 self._observer.on_rejoin()
+                self._post_join_have({})
         if view.left:
             log.info("members left: %s", ", ".join(map(str, view.left)))
 
@@ -421,7 +451,7 @@ class SiteMember:
             if isinstance(event, ViewChange):
                 self._apply_view(event)
             else:
-                self._on_delivery(event)
+                self._on_delivery(event, live=False)
         if self.bus_config.expect_brokers > 0:
             self._report_recovered()
         elif action.announce:
@@ -533,6 +563,49 @@ class SiteMember:
         self.post(pc.MemberReady(self.role, self.me.node, self.me.pid))
         self.ready.set()
 
+    def _announce_have(self) -> None:
+        """Joined a live site: say what this broker's journal holds, so the
+        donor leaves out the bodies it can fill."""
+        have_from = self.recovered if self.role == Role.BROKER else None
+        ranges = {} if have_from is None else st.held_ranges(have_from)
+        self._have_from = have_from if ranges else None
+        self._post_join_have(ranges)
+
+    def _post_join_have(self, ranges: dict[str, tuple[int, int]]) -> None:
+        assert self.me is not None
+        packed = pc.pack_have_ranges(ranges) if ranges else b""
+        if len(packed) > JOIN_HAVE_MAX_BYTES:
+            log.warning(
+                "the journal holds %d queues, more than a JoinHave announces (%d bytes of "
+                "ranges, at most %d): taking a full state transfer",
+                len(ranges),
+                len(packed),
+                JOIN_HAVE_MAX_BYTES,
+            )
+            packed, self._have_from = b"", None
+        got = self._have_from
+        self.post(
+            pc.JoinHave(
+                self.me.node,
+                self.me.pid,
+                0 if got is None else got.incarnation,
+                0 if got is None else got.cseq,
+                packed,
+            )
+        )
+
+    def _delta_for(self, action: SendSnapshot) -> st.DeltaSnapshot:
+        """The snapshot for ``action``'s joiner: a delta when its journal is of
+        this incarnation (:func:`cluster.state.delta_snapshot`)."""
+        have = action.have
+        ranges: dict[str, tuple[int, int]] = {}
+        if have is not None and have.incarnation == self.state.incarnation != 0:
+            try:
+                ranges = pc.have_ranges_untrusted(have.ranges)
+            except DrgateError as exc:
+                log.warning("JoinHave of %s refused, sending everything: %s", action.target, exc)
+        return st.delta_snapshot(self.state, ranges)
+
     def _send_snapshot(self, action: SendSnapshot) -> None:
         """Cut a snapshot here, in the stream; a task sends it (not posted:
         its size is the state's)."""
@@ -541,15 +614,24 @@ class SiteMember:
         header = _ENVELOPE.pack(action.cut, len(ready)) + b"".join(
             _MEMBER.pack(m.node, m.pid) for m in ready
         )
-        blob = header + st.snapshot(self.state)
+        delta = self._delta_for(action)
+        blob = header + delta.data
         chunks = max(1, -(-len(blob) // CHUNK_BYTES))
         log.info(
-            "state transfer to %s: %d bytes in %d chunks, cut at %d events",
+            "state transfer to %s: delta of %d bytes, %d bodies left to its journal (a full "
+            "transfer would have been %d bytes); %d chunks, cut at %d events",
             action.target,
             len(blob),
+            delta.bodies_elided,
+            len(header) + delta.full_bytes,
             chunks,
             action.cut,
         )
+        totals = self.transfers
+        totals.donations += 1
+        totals.bytes_sent += len(blob)
+        totals.bytes_saved += delta.full_bytes - len(delta.data)
+        totals.bodies_left += delta.bodies_elided
         self._nursery.start_soon(self._donate, action.target, next(self._transfers_sent), blob)
 
     async def _donate(self, target: MemberId, transfer: int, blob: bytes) -> None:
@@ -563,13 +645,21 @@ class SiteMember:
             )
 
     def _maybe_take_snapshot(self, event: Delivery) -> None:
-        """While buffering: collect the StateChunks addressed to me."""
-        assert self._assembly is not None
+        """While buffering: collect the StateChunks addressed to me, and note
+        the JoinHave of other joiners (I may donate to them once ready)."""
+        assert self._assembly is not None and self.membership is not None
         try:
             refs = pc.scan_frame_untrusted(event.payload)
         except DrgateError:
             return
         for ref in refs:
+            if ref[0] == pc.Kind.JOIN_HAVE:
+                with contextlib.suppress(DrgateError):
+                    have = pc.decode_ref_untrusted(event.payload, ref)
+                    assert isinstance(have, pc.JoinHave)
+                    # Not ready: nothing to donate yet (SendSnapshot needs it).
+                    self.membership.on_join_have(event.sender, have)
+                continue
             if ref[0] != pc.Kind.STATE_CHUNK:
                 continue
             chunk = pc.decode_ref_untrusted(event.payload, ref)
@@ -587,26 +677,57 @@ class SiteMember:
             node, pid = _MEMBER.unpack_from(blob, offset)
             offset += _MEMBER.size
             ready.add(MemberId(node, pid))
-        self.state = st.restore_untrusted(blob[offset:])
+        try:
+            self.state = st.restore_untrusted(blob[offset:], bodies=self._have_from)
+        except st.ElidedBodyMismatch as exc:
+            # Keep buffering from the join view: the donor counts the next cut
+            # from there too.
+            log.warning("%s", exc)
+            self.transfers.fallbacks += 1
+            self._have_from = None
+            self._post_join_have({})
+            return
+        self._have_from = None
+        self.transfers.restores += 1
+        self.transfers.bytes_received += len(blob)
         # _buffer[0] is the view that (re)joined me; the snapshot covers the
         # ``cut`` events after it.
         buffered = self._buffer[1 + cut :]
+        # My own frames the snapshot covers (my JoinHave) count as applied.
+        self._skip_own(self._buffer[1 : 1 + cut])
         self._buffer = None
         self.membership.on_restored(ready, self.membership.members)
         if self.state.incarnation != 0:
             self.site_live.set()
         self._observer.after_restore()
-        log.info("state restored: cut at %d events, %d buffered to apply", cut, len(buffered))
+        log.info(
+            "state restored: %d bytes, cut at %d events, %d buffered to apply",
+            len(blob),
+            cut,
+            len(buffered),
+        )
         for event in buffered:
             if isinstance(event, ViewChange):
                 self._apply_view(event)
             else:
-                self._on_delivery(event)
+                self._on_delivery(event, live=False)
         if self.recovering:
             self._report_recovered()  # joined a site still waiting for its brokers
         self._announce_ready()
 
-    def _on_delivery(self, event: Delivery) -> None:
+    def _skip_own(self, covered: Sequence[Delivery | ViewChange]) -> None:
+        """Frames of mine that a snapshot covers: applied as far as the
+        barriers go (they come back in order)."""
+        for event in covered:
+            if isinstance(event, Delivery) and event.sender == self.me:
+                self._frames_applied += 1
+                for waiter in self._barrier_events.pop(self._frames_applied, ()):
+                    waiter.set(self.state.cseq)
+
+    def _on_delivery(self, event: Delivery, *, live: bool = True) -> None:
+        """Apply one delivered frame; ``live`` when it is delivered now (not a
+        replay of buffered events, whose JoinHave the membership noted at
+        their delivery)."""
         assert self.me is not None and self.membership is not None
         own = event.sender == self.me
         self.delivered_frame = event.payload
@@ -617,9 +738,12 @@ class SiteMember:
             # keeps the members identical; say so loudly.
             log.error("undecodable bus frame from %s skipped: %s", event.sender, exc)
             commands = []
+        haves: list[pc.JoinHave] = []
         for cmd in commands:
             if isinstance(cmd, pc.MemberReady):
                 self.membership.on_member_ready(event.sender)
+            elif isinstance(cmd, pc.JoinHave):
+                haves.append(cmd)
             effects = st.apply(self.state, cmd, sender=event.sender)
             if isinstance(cmd, pc.Recovering | pc.ForceRecovery):
                 self._after_recovering()
@@ -628,6 +752,11 @@ class SiteMember:
             if self.state.incarnation != 0 and not self.site_live.is_set():
                 self.site_live.set()
             self._observer.after_command(cmd, effects, event.sender, own)
+        for have in haves if live else ():
+            # After the whole frame: the snapshot is cut here.
+            for action in self.membership.on_join_have(event.sender, have):
+                if isinstance(action, SendSnapshot):
+                    self._send_snapshot(action)
         if own:
             self._frames_applied += 1
             for waiter in self._barrier_events.pop(self._frames_applied, ()):

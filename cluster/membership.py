@@ -26,19 +26,30 @@ Rules, applied identically by every member from the same stream:
 * **Ready set.** Members become ready at genesis or when their
   ``MemberReady`` command is delivered; they leave the set when they leave the
   view.  The ready set as of the cut travels in the snapshot.
+* **What the joiner has.** Right after the view that added it, while it
+  buffers, a joiner multicasts ``JoinHave``: what its journal holds (nothing
+  for a member without one).  Every member notes the last ``JoinHave`` of
+  each joiner as it is delivered (also while itself buffering), and forgets
+  it when the joiner leaves.
 * **Donor.** The lowest ready member of a quorate view sends a snapshot to
-  every member of the view that is not ready and that it has not served yet.
-  When a donor leaves mid-transfer, the next lowest takes over at the view
-  change that removed it and sends a new snapshot; the joiner takes the first
-  complete one.
+  every member of the view that is not ready, whose ``JoinHave`` it has seen
+  and that it has not served yet: so the donation happens when the donor
+  applies the joiner's ``JoinHave`` (after the whole frame that holds it),
+  still counted in events since the join view.  When a donor leaves
+  mid-transfer, the next lowest takes over at the view change that removed
+  it, with the ``JoinHave`` it already saw, and sends a new snapshot; the
+  joiner takes the first complete one.  A joiner whose ``JoinHave`` never
+  comes (it left) is forgotten with the view that removed it.  A second
+  ``JoinHave`` of the same joiner (an empty one: its journal could not fill
+  a delta) makes the donor serve it again.
 
 * **Transfer.** The donor's snapshot travels in ``StateChunk`` commands
   addressed to the joiner; a transfer is named by its donor *and* the donor's
   transfer number (the numbers are each donor's own count), and a chunk of
   index 0 starts a transfer over (a new donor took over).
 
-This module is pure: :class:`Membership` takes view changes and ``MemberReady``
-commands and answers what to do, :class:`SnapshotAssembly` puts a transfer's
+This module is pure: :class:`Membership` takes view changes, ``MemberReady``
+and ``JoinHave`` commands and answers what to do, :class:`SnapshotAssembly` puts a transfer's
 chunks together; the bus member (:mod:`cluster.member`) does the rest.
 """
 
@@ -47,7 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cluster.bus.contract import MemberId, ViewChange
-from protocol.cluster import StateChunk
+from protocol.cluster import JoinHave, StateChunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +68,20 @@ class SendSnapshot:
 
     target: MemberId
     cut: int
+    have: JoinHave | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AnnounceHave:
+    """This member joined a live site: multicast its ``JoinHave`` now."""
 
 
 @dataclass(frozen=True, slots=True)
 class Rejoin:
     """This member's state is stale: it was in a minority partition while the
     quorate part of the site went on.  Drop the state and join again as a
-    new member (buffer, then take a snapshot from a donor of the majority)."""
+    new member (buffer, announce an empty ``JoinHave``, then take a snapshot
+    from a donor of the majority)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +92,7 @@ class StartGenesis:
     announce: bool
 
 
-Action = SendSnapshot | StartGenesis | Rejoin
+Action = SendSnapshot | StartGenesis | Rejoin | AnnounceHave
 
 
 @dataclass(slots=True)
@@ -94,6 +112,8 @@ class Membership:
     older: set[MemberId] = field(default_factory=set)
     cohort: set[MemberId] = field(default_factory=set)
     served: set[MemberId] = field(default_factory=set)
+    # The last JoinHave of each member not yet ready (a donor waits for it).
+    haves: dict[MemberId, JoinHave] = field(default_factory=dict)
     # Ready members that left my view: if they come back while my view was
     # not quorate, they went on without me and my state is stale.
     departed_ready: set[MemberId] = field(default_factory=set)
@@ -116,6 +136,7 @@ class Membership:
             self.events = 0
             self.ready.clear()
             self.served.clear()
+            self.haves.clear()
             self.departed_ready.clear()
             self.joined_at = dict.fromkeys(view.members, 0)
             self.older = set(view.joined)
@@ -132,13 +153,14 @@ class Membership:
             self.older = set(view.members) - set(view.joined)
             if not self.older:
                 return self._genesis(set(view.members))
-            return []
+            return [AnnounceHave()]
         self.events += 1
         for m in view.left:
             if m in self.ready:
                 self.departed_ready.add(m)
             self.ready.discard(m)
             self.served.discard(m)
+            self.haves.pop(m, None)
             self.joined_at.pop(m, None)
             self.older.discard(m)
             self.cohort.discard(m)
@@ -157,6 +179,19 @@ class Membership:
     def on_member_ready(self, member: MemberId) -> None:
         if member in self.members:
             self.ready.add(member)
+            self.haves.pop(member, None)
+
+    def on_join_have(self, member: MemberId, have: JoinHave) -> list[Action]:
+        """``member``'s ``JoinHave`` was delivered (call it at delivery, after
+        :meth:`on_delivery` and, when this member applies the stream, after
+        the whole frame is applied: the cut is there)."""
+        if member not in self.members or member in self.ready:
+            return []
+        self.haves[member] = have
+        self.served.discard(member)  # a second one asks again
+        if not self.is_ready:
+            return []
+        return self._donations()
 
     def on_restored(self, ready: set[MemberId], members: tuple[MemberId, ...]) -> None:
         """My snapshot is applied: I know the donor's ready set as of the cut."""
@@ -186,7 +221,7 @@ class Membership:
             return []
         actions: list[Action] = []
         for m in self.members:
-            if m in self.ready or m in self.served:
+            if m in self.ready or m in self.served or m not in self.haves:
                 continue
             cut = self.cut_for(m)
             if cut is None:
@@ -194,7 +229,7 @@ class Membership:
                 # older member holds its join point.  Nothing safe to send.
                 continue
             self.served.add(m)
-            actions.append(SendSnapshot(m, cut))
+            actions.append(SendSnapshot(m, cut, self.haves[m]))
         return actions
 
 

@@ -60,7 +60,7 @@ from cluster.durability import JournalSettings, NodeJournal
 from cluster.member import FORCE_HINT, BusOpener, NullObserver, SiteMember
 from cluster.state.model import SiteState
 from cluster.state.persistence import publish_persistent
-from cluster.statistics import BusSection, JournalSection, NodeStatistics
+from cluster.statistics import BusSection, DonationSection, JournalSection, NodeStatistics
 from cluster.tls import TlsFiles, server_context
 from cluster.webconfig import WebConfig
 from protocol import cluster as pc
@@ -642,6 +642,19 @@ class BrokerNode(NullObserver):
             merge=dict(state.counters),
             last_error="" if self.quorate() else self.minority_refusal(),
             journal=None if self.durability is None else self._journal_section(),
+            transfers=self._transfers_section(),
+        )
+
+    def _transfers_section(self) -> DonationSection:
+        t = self.member.transfers
+        return DonationSection(
+            sent_total=t.donations,
+            sent_bytes_total=t.bytes_sent,
+            saved_bytes_total=t.bytes_saved,
+            bodies_left_total=t.bodies_left,
+            received_total=t.restores,
+            received_bytes_total=t.bytes_received,
+            fallbacks_total=t.fallbacks,
         )
 
     def _journal_section(self) -> JournalSection:

@@ -32,6 +32,20 @@ class StateTransferSection:
 
 
 @dataclass(frozen=True, slots=True)
+class DonationSection:
+    """State transfers a broker sent to joiners and took itself; a joiner that
+    restarted with its journal takes a delta (docs/broker.md, "Durability")."""
+
+    sent_total: int  # snapshots sent to joiners
+    sent_bytes_total: int
+    saved_bytes_total: int  # bytes the joiners' journals held instead
+    bodies_left_total: int  # message bodies left to the joiners' journals
+    received_total: int  # snapshots taken by this node
+    received_bytes_total: int
+    fallbacks_total: int  # deltas this node's journal could not fill
+
+
+@dataclass(frozen=True, slots=True)
 class JournalSection:
     """A broker's journal (cluster/journal.py)."""
 
@@ -62,3 +76,4 @@ class NodeStatistics:
     last_error: str
     state_transfer: StateTransferSection | None = None
     journal: JournalSection | None = None
+    transfers: DonationSection | None = None

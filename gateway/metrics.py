@@ -36,7 +36,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from cluster.statistics import JournalSection, NodeStatistics
+from cluster.statistics import DonationSection, JournalSection, NodeStatistics
 from gateway.roles import SidecarRole
 from gateway.statistics import (
     LinkSection,
@@ -212,6 +212,21 @@ _JOURNAL_ROWS: tuple[_Row[JournalSection], ...] = (
          lambda s: s.fsync_last_seconds),
 )  # fmt: skip
 
+_TRANSFER_ROWS: tuple[_Row[DonationSection], ...] = (
+    _Row("counter", "drgate_state_donations_total", "State transfers sent to joining members",
+         lambda s: s.sent_total),
+    _Row("counter", "drgate_state_donation_bytes_total", "Bytes of the state transfers sent",
+         lambda s: s.sent_bytes_total),
+    _Row("counter", "drgate_state_donation_saved_bytes_total",
+         "Bytes a full transfer would have sent more (bodies left to the joiner's journal)",
+         lambda s: s.saved_bytes_total),
+    _Row("counter", "drgate_state_donation_bodies_left_total",
+         "Message bodies left to the joiners' journals", lambda s: s.bodies_left_total),
+    _Row("counter", "drgate_state_delta_fallbacks_total",
+         "Delta transfers this node's journal could not fill (a full one followed)",
+         lambda s: s.fallbacks_total),
+)  # fmt: skip
+
 _RULES_ROWS: tuple[_Row[RulesSection], ...] = (
     _Row("gauge", "drgate_rules_version", "Version of the rules in force", lambda s: s.version),
     _Row("counter", "drgate_rules_reload_failures_total",
@@ -323,6 +338,8 @@ def families_from_snapshot(stats: NodeStatistics) -> list[Metric]:
 
     if stats.journal is not None:
         out.rows(_JOURNAL_ROWS, stats.journal)
+    if stats.transfers is not None:
+        out.rows(_TRANSFER_ROWS, stats.transfers)
 
     if stats.state_transfer is not None:
         transfer = stats.state_transfer

@@ -77,6 +77,7 @@ def status_document(
         "bus": bus,
         "resync": resync,
         "journal": None if stats.journal is None else dataclasses.asdict(stats.journal),
+        "transfers": None if stats.transfers is None else dataclasses.asdict(stats.transfers),
         "merge": dict(stats.merge),
         "last_error": stats.last_error,
     }

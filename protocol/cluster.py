@@ -434,6 +434,72 @@ class ForceRecovery(_CommandBase):
     time_us: int
 
 
+# key=""  meta: node u32 | pid u32 | incarnation u64 | cseq u64
+#         tail: ranges (u32 n | n x (queue str16 | first u64 | last u64))
+@_command(
+    Kind.JOIN_HAVE,
+    meta=[("node", Int32ub), ("pid", Int32ub), ("incarnation", Int64ub), ("cseq", Int64ub)],
+    tail="ranges",
+)
+@dataclass(frozen=True, slots=True)
+class JoinHave(_CommandBase):
+    """A member that joined a live site says what its journal holds, so the
+    donor's snapshot can leave out the bodies it has (cluster/membership.py):
+    the incarnation and cseq it recovered and, in ``ranges``
+    (:func:`pack_have_ranges`), per queue the first and last position of the
+    persistent messages it holds.  Incarnation 0 and no ranges: nothing (no
+    journal, a sidecar, an admin tool, or a retry after a failed fill)."""
+
+    node: int
+    pid: int
+    incarnation: int = 0
+    cseq: int = 0
+    ranges: Body = b""
+
+
+#   queue length u16 (the name follows) / first u64 | last u64
+_HAVE_COUNT = struct.Struct(">I")
+_HAVE_NAME = struct.Struct(">H")
+_HAVE_RANGE = struct.Struct(">QQ")
+
+
+def pack_have_ranges(ranges: dict[str, tuple[int, int]]) -> bytes:
+    """``JoinHave.ranges`` for ``{queue: (first, last)}``, in the dict's order."""
+    out = [_HAVE_COUNT.pack(len(ranges))]
+    for queue, (first, last) in ranges.items():
+        raw = queue.encode("utf-8")
+        out.append(_HAVE_NAME.pack(len(raw)) + raw + _HAVE_RANGE.pack(first, last))
+    return b"".join(out)
+
+
+def have_ranges_untrusted(data: Body) -> dict[str, tuple[int, int]]:
+    """``{queue: (first, last)}`` of ``JoinHave.ranges`` (empty bytes: none).
+    Fails only with :class:`RemoteProtocolError`."""
+    raw = bytes(data)
+    if not raw:
+        return {}
+    try:
+        (count,) = _HAVE_COUNT.unpack_from(raw, 0)
+        off = _HAVE_COUNT.size
+        ranges: dict[str, tuple[int, int]] = {}
+        for _ in range(count):
+            (n,) = _HAVE_NAME.unpack_from(raw, off)
+            off += _HAVE_NAME.size
+            if off + n > len(raw):
+                raise RemoteProtocolError("JOIN_HAVE ranges: a queue name runs past the end")
+            queue = raw[off : off + n].decode("utf-8")
+            first, last = _HAVE_RANGE.unpack_from(raw, off + n)
+            off += n + _HAVE_RANGE.size
+            if first > last:
+                raise RemoteProtocolError(f"JOIN_HAVE ranges: queue {queue!r} first > last")
+            ranges[queue] = (first, last)
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise RemoteProtocolError(f"JOIN_HAVE ranges are malformed: {exc}") from exc
+    if off != len(raw):
+        raise RemoteProtocolError(f"JOIN_HAVE ranges have {len(raw) - off} trailing bytes")
+    return ranges
+
+
 # key=origin cluster  meta: incarnation u64 | cseq u64 | time_us u64
 @_command(
     Kind.ACK_WATERMARK,
@@ -667,6 +733,7 @@ Command: TypeAlias = (
     | Recovering
     | RecoveryChunk
     | ForceRecovery
+    | JoinHave
 )
 
 if set(_CODECS) != {int(k) for k in Kind}:  # pragma: no cover - a kind without a command

@@ -87,6 +87,7 @@ class Kind(enum.IntEnum):
     RECOVERING = 31
     RECOVERY_CHUNK = 32
     FORCE_RECOVERY = 33
+    JOIN_HAVE = 34
 
 
 class ExchangeType(enum.IntEnum):

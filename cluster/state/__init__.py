@@ -42,7 +42,17 @@ from cluster.state.model import (
     session_owner,
     topic_matches,
 )
-from cluster.state.snapshots import digest, queue_digest, restore, restore_untrusted, snapshot
+from cluster.state.snapshots import (
+    DeltaSnapshot,
+    ElidedBodyMismatch,
+    delta_snapshot,
+    digest,
+    held_ranges,
+    queue_digest,
+    restore,
+    restore_untrusted,
+    snapshot,
+)
 from cluster.state.views import (
     ExchangeInfo,
     OriginInfo,
@@ -66,8 +76,10 @@ __all__ = [
     "COUNTERS",
     "Conflict",
     "Delivered",
+    "DeltaSnapshot",
     "Dequeued",
     "Effect",
+    "ElidedBodyMismatch",
     "Enqueued",
     "ExchangeInfo",
     "GenesisApplied",
@@ -90,8 +102,10 @@ __all__ = [
     "applied",
     "apply",
     "apply_all",
+    "delta_snapshot",
     "digest",
     "fenced",
+    "held_ranges",
     "list_exchanges",
     "list_queues",
     "members_left",

@@ -77,6 +77,7 @@ from protocol.cluster import (
     ExchangeDelete,
     ForceRecovery,
     Genesis,
+    JoinHave,
     MemberReady,
     Promote,
     Publish,
@@ -604,6 +605,10 @@ def _state_chunk(state: SiteState, cmd: StateChunk, sender: Sender | None, eff: 
     """State transfer is the node's business; the chunk only takes a cseq."""
 
 
+def _join_have(state: SiteState, cmd: JoinHave, sender: Sender | None, eff: Effects) -> None:
+    """What a joiner holds is the donor's business (cluster/membership.py)."""
+
+
 def _rules_switch(state: SiteState, cmd: RulesSwitch, sender: Sender | None, eff: Effects) -> None:
     # Kept in the state so a member joining later gets the rules in force.
     state.rules = bytes(cmd.payload)
@@ -801,6 +806,7 @@ _LOCAL: dict[type, Callable[[SiteState, Any, Sender | None, Effects], None]] = {
     SessionOpen: _session_open,
     SessionClose: _session_close,
     StateChunk: _state_chunk,
+    JoinHave: _join_have,
     RulesSwitch: _rules_switch,
     Replicated: replicated,
     ResyncApply: resync_apply,

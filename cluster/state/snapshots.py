@@ -41,15 +41,25 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
     queue      := name str16 | args map | next_pos u64
                   | replica u8 [origin str16 | mode u8 | high_pos u64]
                   | u32 n | n x message
-    message    := pos u64 | origin_pos u64 | flags u8 (1 redelivered, 2 has properties)
-                  | message_id str16 | [properties map] | body bytes32
+    message    := pos u64 | origin_pos u64
+                  | flags u8 (1 redelivered, 2 has properties, 4 body elided)
+                  | message_id str16 | [properties map]
+                  | body bytes32                    (flag 4 clear)
+                  | body_len u32 | body_crc32 u32   (flag 4 set: a delta transfer)
     session    := id u64 | u32 n | n x (queue str16 | u32 m | m x (pos u64 | consumer u32))
     staged     := origin str16 | incarnation u64 | cut u64 | epoch u32 | pieces u32
                   | records bytes32        (a resync being staged, re-encoded as
                                             snapshot records: cluster.state.resync)
 
-A snapshot of version 2 (before whole-site recoveries were recorded) reads
-as a site that had none; this drgate writes version 3.
+*Delta transfers.*  A donor's snapshot for a joiner that restarted from its
+journal (``JoinHave``, cluster/membership.py) leaves out the body of every
+persistent message whose queue and position lie in the ranges the joiner
+announced (:func:`delta_snapshot`), writing its length and CRC32 instead;
+the joiner restores it with ``bodies=`` its recovered state, which fills each
+body by (queue, position) and checks both (:class:`ElidedBodyMismatch`
+otherwise).  Version 3 added the flag and the whole-site recoveries; a version 2
+snapshot (a journal's checkpoint written by an earlier release) reads as it
+always did, as a site that had no recovery.
 
 Every collection is written in its insertion order, which is the same on
 every member (the state machine never iterates unordered sets), so the
@@ -60,7 +70,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from cluster.state.effects import Message
@@ -75,7 +87,7 @@ from cluster.state.model import (
     SiteState,
     StagedResync,
 )
-from cluster.state.persistence import keeps_body
+from cluster.state.persistence import keeps_body, persistent, queue_durable
 from cluster.state.resync import stage_records, staged_records
 from protocol.cluster import ExchangeType
 from protocol.errors import LocalProtocolError, RemoteProtocolError
@@ -83,7 +95,8 @@ from protocol.modes import Mode, Role
 from protocol.values import Value, ValueMap, pack_value_map, unpack_value_map_untrusted
 
 MAGIC = b"DRGS"
-# 3: whole-site recoveries (read from version 2 as none).
+# 3: whole-site recoveries and the elided-body flag (version 2 reads as a
+# site with no recovery and no elided body).
 SNAPSHOT_VERSION = 3
 _READABLE_VERSIONS = (2, SNAPSHOT_VERSION)
 
@@ -103,9 +116,14 @@ _STAGED = struct.Struct(">QQII")
 #   node u32 | pid u32 | cseq u64 | incarnation u64 | proposal u64
 _CANDIDATE = struct.Struct(">IIQQQ")
 
+#   body_len u32 | body_crc32 u32   (an elided body)
+_ELIDED_BODY = struct.Struct(">II")
+
 _REDELIVERED = 1
 _HAS_PROPERTIES = 2
-_KNOWN_FLAGS = _REDELIVERED | _HAS_PROPERTIES
+_ELIDED = 4
+_KNOWN_FLAGS = _REDELIVERED | _HAS_PROPERTIES | _ELIDED
+_KNOWN_FLAGS_V2 = _REDELIVERED | _HAS_PROPERTIES
 
 
 # --------------------------------------------------------------------------
@@ -130,20 +148,64 @@ def _map(out: list[bytes], values: ValueMap) -> None:
     out.append(pack_value_map(values))
 
 
-def _message(out: list[bytes], m: Message, body: bool = True) -> None:
+def _message(out: list[bytes], m: Message, body: bool = True, elide: bool = False) -> None:
     mid = m.message_id.encode("utf-8")
-    flags = (_REDELIVERED if m.redelivered else 0) | (
-        _HAS_PROPERTIES if m.properties is not None else 0
+    flags = (
+        (_REDELIVERED if m.redelivered else 0)
+        | (_HAS_PROPERTIES if m.properties is not None else 0)
+        | (_ELIDED if elide else 0)
     )
     out.append(_MSG.pack(m.pos, m.origin_pos, flags, len(mid)))
     out.append(mid)
     if m.properties is not None:
         _map(out, m.properties)
-    if body:
+    if elide:
+        out.append(_ELIDED_BODY.pack(len(m.body), zlib.crc32(m.body)))
+    elif body:
         out.append(_U32.pack(len(m.body)))
         out.append(m.body)
     else:
         out.append(_U32.pack(0))
+
+
+HeldRanges = Mapping[str, tuple[int, int]]
+"""Per queue, the first and last position of the messages a journal holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaSnapshot:
+    """A snapshot with elided bodies, and what the elision saved."""
+
+    data: bytes
+    bodies_elided: int
+    bytes_elided: int
+
+    @property
+    def full_bytes(self) -> int:
+        """The size the same snapshot would have had with every body."""
+        return len(self.data) + self.bytes_elided - 4 * self.bodies_elided
+
+
+def held_ranges(state: SiteState) -> dict[str, tuple[int, int]]:
+    """What a node's recovered ``state`` can fill in a delta transfer: per
+    durable queue with messages, its first and last position (a journal holds
+    the body of every persistent message; the donor elides no other)."""
+    ranges: dict[str, tuple[int, int]] = {}
+    for q in state.queues.values():
+        if q.messages and queue_durable(q):
+            ranges[q.name] = (next(iter(q.messages)), next(reversed(q.messages)))
+    return ranges
+
+
+def delta_snapshot(state: SiteState, held: HeldRanges) -> DeltaSnapshot:
+    """:func:`snapshot` for a joiner of the same incarnation whose journal
+    holds ``held``: the body of every persistent message whose position lies
+    in its queue's range is elided.  Positions only grow and a removed message
+    never comes back, so the joiner holds each such message (or its queue was
+    deleted and declared again, and the CRC check of the fill catches it)."""
+    counts = [0, 0]
+    blob = _snapshot(state, True, held, counts)
+    return DeltaSnapshot(blob, counts[0], counts[1])
 
 
 def snapshot(state: SiteState, *, transient_bodies: bool = True) -> bytes:
@@ -152,6 +214,12 @@ def snapshot(state: SiteState, *, transient_bodies: bool = True) -> bytes:
     ``transient_bodies=False`` (a journal's checkpoint) writes the messages
     whose bodies a journal does not hold with an empty body
     (:func:`cluster.state.persistence.keeps_body`)."""
+    return _snapshot(state, transient_bodies, None, None)
+
+
+def _snapshot(
+    state: SiteState, transient_bodies: bool, elide: HeldRanges | None, counts: list[int] | None
+) -> bytes:
     out: list[bytes] = [_HEAD.pack(MAGIC, SNAPSHOT_VERSION, 0)]
     _str16(out, state.cluster)
     out.append(_U64.pack(state.incarnation))
@@ -214,7 +282,16 @@ def snapshot(state: SiteState, *, transient_bodies: bool = True) -> bytes:
             _str16(out, q.replica.origin)
             out.append(_U8.pack(int(q.replica.mode)) + _U64.pack(q.replica.high_pos))
         out.append(_U32.pack(len(q.messages)))
-        if transient_bodies:
+        span = None if elide is None else elide.get(q.name)
+        if span is not None and counts is not None:
+            first, last = span
+            for m in q.messages.values():
+                held = first <= m.pos <= last and bool(m.body) and persistent(q, m.properties)
+                if held:
+                    counts[0] += 1
+                    counts[1] += len(m.body)
+                _message(out, m, elide=held)
+        elif transient_bodies:
             for m in q.messages.values():
                 _message(out, m)
         else:
@@ -223,10 +300,10 @@ def snapshot(state: SiteState, *, transient_bodies: bool = True) -> bytes:
     out.append(_U32.pack(len(state.sessions)))
     for s in state.sessions.values():
         out.append(_U64.pack(s.id) + _U32.pack(len(s.acquired)))
-        for qname, held in s.acquired.items():
+        for qname, holds in s.acquired.items():
             _str16(out, qname)
-            out.append(_U32.pack(len(held)))
-            out.extend(_HELD.pack(pos, consumer) for pos, consumer in held.items())
+            out.append(_U32.pack(len(holds)))
+            out.extend(_HELD.pack(pos, consumer) for pos, consumer in holds.items())
     out.append(_U32.pack(len(state.staged)))
     for origin_name, staged in state.staged.items():
         _str16(out, origin_name)
@@ -354,22 +431,47 @@ class _Reader:
         return values
 
 
-def restore_untrusted(data: bytes | bytearray | memoryview) -> SiteState:
+class ElidedBodyMismatch(RemoteProtocolError):
+    """A delta transfer's elided body is not what the joiner's journal holds
+    at that queue and position (or it holds nothing there): the joiner asks
+    for a full transfer."""
+
+
+def restore_untrusted(
+    data: bytes | bytearray | memoryview, *, bodies: SiteState | None = None
+) -> SiteState:
     """The state a snapshot encodes.  Fails only with
     :class:`RemoteProtocolError` (bad magic or version, truncation, trailing
-    bytes, inconsistent contents)."""
+    bytes, inconsistent contents).  An elided body (a delta transfer) is
+    taken from ``bodies`` (the joiner's recovered state) by queue and
+    position, and must have the announced length and CRC32; else
+    :class:`ElidedBodyMismatch`."""
     try:
-        return _restore(_Reader(bytes(data)))
+        return _restore(_Reader(bytes(data)), bodies)
     except RemoteProtocolError:
         raise
     except (struct.error, IndexError, UnicodeDecodeError, ValueError, KeyError) as exc:
         raise RemoteProtocolError(f"truncated or malformed snapshot: {exc}") from exc
 
 
-restore: Callable[[bytes | bytearray | memoryview], SiteState] = restore_untrusted
+restore: Callable[..., SiteState] = restore_untrusted
 
 
-def _restore(r: _Reader) -> SiteState:
+def _filled(bodies: SiteState | None, queue: str, pos: int, length: int, crc: int) -> bytes:
+    """The body of ``queue``'s message ``pos`` in ``bodies``, if it is the one
+    the donor elided."""
+    q = None if bodies is None else bodies.queues.get(queue)
+    m = None if q is None else q.messages.get(pos)
+    if m is None or len(m.body) != length or zlib.crc32(m.body) != crc:
+        raise ElidedBodyMismatch(
+            f"delta transfer: queue {queue!r} position {pos}: this member's journal "
+            f"{'holds no such message' if m is None else 'holds another body'}; "
+            "asking the donor for a full transfer"
+        )
+    return bytes(m.body)
+
+
+def _restore(r: _Reader, bodies: SiteState | None) -> SiteState:
     magic, version, reserved = r.unpack(_HEAD)
     if magic != MAGIC:
         raise RemoteProtocolError(f"not a drgate state snapshot (magic {magic!r})")
@@ -381,6 +483,7 @@ def _restore(r: _Reader) -> SiteState:
         )
     if reserved:
         raise RemoteProtocolError(f"snapshot reserved field is {reserved:#x}, not 0")
+    known_flags = _KNOWN_FLAGS if version >= 3 else _KNOWN_FLAGS_V2
     st = SiteState()
     st.cluster = r.str16()
     st.incarnation = r.u64()
@@ -456,17 +559,22 @@ def _restore(r: _Reader) -> SiteState:
         for _ in range(count):
             pos, origin_pos, flags, mid_len = unpack_msg(data, off)
             off += _MSG.size
-            if flags & ~_KNOWN_FLAGS:
+            if flags & ~known_flags:
                 raise RemoteProtocolError(f"snapshot queue {name!r}: message flags {flags:#x}")
             mid = data[off : off + mid_len].decode("utf-8")
             off += mid_len
             props = None
             if flags & _HAS_PROPERTIES:
                 props, off = unpack_map(data, off)
-            (body_len,) = unpack_u32(data, off)
-            off += 4
-            body = data[off : off + body_len]
-            off += body_len
+            if flags & _ELIDED:
+                body_len, crc = _ELIDED_BODY.unpack_from(data, off)
+                off += _ELIDED_BODY.size
+                body = _filled(bodies, name, pos, body_len, crc)
+            else:
+                (body_len,) = unpack_u32(data, off)
+                off += 4
+                body = data[off : off + body_len]
+                off += body_len
             if off > size:
                 raise RemoteProtocolError(f"truncated snapshot: queue {name!r} is cut short")
             if pos <= last:

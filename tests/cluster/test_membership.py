@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from cluster.bus.contract import MemberId, ViewChange
 from cluster.membership import (
+    AnnounceHave,
     Membership,
     Rejoin,
     SendSnapshot,
     SnapshotAssembly,
     StartGenesis,
 )
-from protocol.cluster import StateChunk
+from protocol.cluster import JoinHave, StateChunk, pack_have_ranges
 
 A, B, C = MemberId(1, 10), MemberId(2, 20), MemberId(3, 30)
+
+
+def have(m: MemberId, **ranges: tuple[int, int]) -> JoinHave:
+    return JoinHave(
+        m.node, m.pid, 7 if ranges else 0, 900 if ranges else 0, pack_have_ranges(ranges)
+    )
 
 
 def view(n: int, members: tuple[MemberId, ...], joined=(), left=(), quorate=True) -> ViewChange:
@@ -27,26 +34,89 @@ def test_a_view_of_new_members_is_a_genesis_announced_by_the_lowest() -> None:
     assert a.is_ready and b.is_ready
 
 
-def test_the_lowest_ready_member_donates_to_a_joiner_cut_at_its_join() -> None:
+def test_the_lowest_ready_member_donates_when_it_applies_the_joiners_join_have() -> None:
     a = Membership(A)
     a.on_view(view(1, (A,), joined=(A,)))
     a.on_delivery()
-    assert a.on_view(view(2, (A, B), joined=(B,))) == [SendSnapshot(B, 0)]
+    # No donation at the view change: the donor waits for what B has.
+    assert a.on_view(view(2, (A, B), joined=(B,))) == []
+    a.on_delivery()
+    a.on_delivery()  # the frame with B's JoinHave: the cut is after it
+    h = have(B, orders=(1, 10_000))
+    assert a.on_join_have(B, h) == [SendSnapshot(B, 2, h)]
     b = Membership(B)
-    assert b.on_view(view(2, (A, B), joined=(B,))) == []
+    assert b.on_view(view(2, (A, B), joined=(B,))) == [AnnounceHave()]
     assert not b.is_ready
 
 
-def test_a_new_donor_takes_over_when_the_old_one_leaves_mid_transfer() -> None:
+def test_a_join_have_of_a_ready_member_or_a_stranger_donates_nothing() -> None:
+    a = Membership(A)
+    a.on_view(view(1, (A, C), joined=(A, C)))
+    assert a.on_join_have(C, have(C)) == []
+    assert a.on_join_have(B, have(B)) == []
+
+
+def test_only_the_donor_donates_and_a_second_join_have_is_served_again() -> None:
     a, c = Membership(A), Membership(C)
     for m in (a, c):
         m.on_view(view(1, (A, C), joined=(A, C)))
+        m.on_view(view(2, (A, B, C), joined=(B,)))
+        m.on_delivery()
+    first = have(B, orders=(1, 5))
+    assert a.on_join_have(B, first) == [SendSnapshot(B, 1, first)]
+    assert c.on_join_have(B, first) == []
+    # B's journal could not fill the delta: it asks again with nothing.
+    for m in (a, c):
+        m.on_delivery()
+    assert a.on_join_have(B, have(B)) == [SendSnapshot(B, 2, have(B))]
+    assert c.on_join_have(B, have(B)) == []
+
+
+def test_a_new_donor_takes_over_with_the_join_have_it_saw() -> None:
+    a, c = Membership(A), Membership(C)
+    for m in (a, c):
+        m.on_view(view(1, (A, C), joined=(A, C)))
+    h = have(B, orders=(3, 4))
     for m in (a, c):
         m.on_view(view(2, (A, B, C), joined=(B,)))
         m.on_delivery()
+        m.on_join_have(B, h)
         m.on_delivery()
-    # A dies before B is ready: C donates, cut after the 3 events B saw.
-    assert c.on_view(view(3, (B, C), left=(A,))) == [SendSnapshot(B, 3)]
+    # A dies before B is ready: C donates with B's JoinHave, cut after the 3
+    # events B saw.
+    assert c.on_view(view(3, (B, C), left=(A,))) == [SendSnapshot(B, 3, h)]
+
+
+def test_a_takeover_before_the_join_have_waits_for_it() -> None:
+    c = Membership(C)
+    c.on_view(view(1, (A, C), joined=(A, C)))
+    c.on_view(view(2, (A, B, C), joined=(B,)))
+    assert c.on_view(view(3, (B, C), left=(A,))) == []
+    c.on_delivery()
+    assert c.on_join_have(B, have(B)) == [SendSnapshot(B, 2, have(B))]
+
+
+def test_a_joiner_that_left_before_its_join_have_is_forgotten() -> None:
+    a = Membership(A)
+    a.on_view(view(1, (A,), joined=(A,)))
+    a.on_view(view(2, (A, B), joined=(B,)))
+    a.on_view(view(3, (A,), left=(B,)))
+    assert a.on_join_have(B, have(B)) == []
+    assert (a.haves, a.served) == ({}, set())
+
+
+def test_a_member_that_joins_while_the_donor_buffers_is_served_at_its_genesis() -> None:
+    # B and C joined after A; A leaves before either is ready: B starts a new
+    # site and, having noted C's JoinHave while buffering, serves C.
+    b = Membership(B)
+    b.on_view(view(2, (A, B), joined=(B,)))
+    b.on_view(view(3, (A, B, C), joined=(C,)))
+    b.on_delivery()
+    assert b.on_join_have(C, have(C)) == []
+    assert b.on_view(view(4, (B, C), left=(A,))) == [
+        StartGenesis(announce=True),
+        SendSnapshot(C, 2, have(C)),
+    ]
 
 
 def test_a_joiner_whose_elders_all_left_starts_a_new_site() -> None:
@@ -62,15 +132,19 @@ def test_the_minority_side_of_a_healed_partition_rejoins_and_the_majority_donate
     a.on_view(view(2, (A, B), left=(C,), quorate=True))
     c.on_view(view(2, (C,), left=(A, B), quorate=False))
     merge = view(3, (A, B, C), joined=(C,))
-    assert a.on_view(merge) == [SendSnapshot(C, 0)]
+    assert a.on_view(merge) == []
     assert c.on_view(view(3, (A, B, C), joined=(A, B), quorate=False)) == [Rejoin()]
     assert not c.is_ready
+    a.on_delivery()
+    assert a.on_join_have(C, have(C)) == [SendSnapshot(C, 1, have(C))]
 
 
 def test_members_that_were_never_ready_do_not_make_a_lone_member_rejoin() -> None:
     a = Membership(A)
     a.on_view(view(1, (A,), joined=(A,), quorate=False))
-    assert a.on_view(view(2, (A, B), joined=(B,))) == [SendSnapshot(B, 0)]
+    assert a.on_view(view(2, (A, B), joined=(B,))) == []
+    a.on_delivery()
+    assert a.on_join_have(B, have(B)) == [SendSnapshot(B, 1, have(B))]
 
 
 def chunk(target: MemberId, transfer: int, index: int, final: bool, data: bytes) -> StateChunk:

@@ -275,6 +275,7 @@ def test_status_document_of_a_broker_field_for_field() -> None:
         "link_refused_total": None,
         "superseded_by": None,
         "journal": None,
+        "transfers": None,
         "rates": dict.fromkeys(doc["rates"]),
         "spool": dict.fromkeys(
             (

@@ -67,6 +67,7 @@ simple_commands = st.one_of(
     st.builds(c.SetEpoch, u32),
     st.builds(c.Superseded, names, u64, value_maps),
     st.builds(c.Durable, u32, u64),
+    st.builds(c.JoinHave, u32, u32, u64, u64, bodies),
     st.builds(c.Recovering, names, u32, u32, u32, u64, u64, u64),
     st.builds(c.RecoveryChunk, u32, st.booleans(), bodies),
     st.builds(c.ForceRecovery, names, u64),
@@ -200,6 +201,9 @@ SAMPLES: dict[str, c.Command] = {
     "recovering": c.Recovering("site-p", 2, 4242, 3, 4711, 0x1122334455667788, 0x99),
     "recovery_chunk": c.RecoveryChunk(0, True, b"DRGS..."),
     "force_recovery": c.ForceRecovery("site-p", 1_700_000_000_000_000),
+    "join_have": c.JoinHave(
+        2, 4711, 0x1122334455667788, 9000, c.pack_have_ranges({"orders": (3, 10_002)})
+    ),
 }
 
 
@@ -390,3 +394,14 @@ def test_the_meta_fast_path_agrees_with_the_construct_declaration(cmd: c.Command
     assert packed == codec.meta.build(codec.meta_out(cmd))
     fast = codec.meta_in(codec.plan.unpack_untrusted(packed))
     assert fast == codec.meta_in(codec.meta.parse(packed)) == codec.meta_out(cmd)
+
+
+@given(st.dictionaries(names, st.tuples(u64, u64).map(sorted).map(tuple), max_size=5))
+def test_join_have_ranges_round_trip(ranges: dict[str, tuple[int, int]]) -> None:
+    assert c.have_ranges_untrusted(c.pack_have_ranges(ranges)) == ranges
+
+
+@given(st.binary(max_size=80))
+def test_join_have_ranges_refuse_only_with_protocol_errors(data: bytes) -> None:
+    with contextlib.suppress(RemoteProtocolError):
+        c.have_ranges_untrusted(data)
