@@ -81,7 +81,8 @@ def journal_dir(base: Path, label: str) -> Iterator[Path]:
 
 def publishes(queue: str, first: int) -> list[pc.Command]:
     body = b"b" * BODY
-    return [pc.Publish("", queue, body, f"m-{first + i}") for i in range(PER_FRAME)]
+    durable = {pc.DURABLE_PROPERTY: True}  # persistent: kept whole by checkpoints
+    return [pc.Publish("", queue, body, f"m-{first + i}", durable) for i in range(PER_FRAME)]
 
 
 def percentile_ms(samples: list[float], p: int) -> float:
