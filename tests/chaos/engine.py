@@ -56,6 +56,7 @@ P_CONSUME_COUNT = 20  # per P consumer process: P's queues grow, slower than pub
 P_CONSUME_PAUSE_S = 2.0
 D_CONSUMED = ("q-enq",)
 SUPERVISE_TICK_S = 0.1
+FAILED_CLIENT_PAUSE_S = 1.0  # before a client that failed is started again
 QUIESCE_TIMEOUT_S = 300.0
 CLIENT_STOP_TIMEOUT_S = 60.0
 RULES = """\
@@ -202,6 +203,9 @@ class Clients:
         except SiteError:
             result = None
         slot.popen = None
+        if result is None or result.get("error"):
+            # Its broker is down or the site not live yet: do not spin.
+            slot.not_before = time.monotonic() + FAILED_CLIENT_PAUSE_S
         lines = slot.record.read_text().splitlines() if slot.record.exists() else []
         seen = [json.loads(line) for line in lines]
         if slot.op == "publish":
@@ -224,8 +228,11 @@ class ChaosRun:
 
     def __init__(self, options: ChaosOptions, say: Callable[[str], None]) -> None:
         self.options, self.say = options, say
+        weights = options.weights or (
+            sch.COROSYNC_WEIGHTS if options.bus == "corosync" else sch.WEIGHTS
+        )
         self.schedule = sch.make_schedule(
-            options.seed, options.faults, nodes=options.nodes, weights=options.weights
+            options.seed, options.faults, nodes=options.nodes, weights=weights
         )
         self.report = ChaosReport(options, self.schedule)
         self.began = time.monotonic()
@@ -315,6 +322,9 @@ class ChaosRun:
             emulators = two.nodes if which == "all" else [int(which)]
             for n in emulators:
                 two.wan(n, _wan_line(fault, begin))
+        elif fault.kind == "partition-node":
+            lab = two.labs[0 if where == "p" else 1]
+            (lab.cut if begin else lab.restore)(int(which))
         elif fault.kind == "rules-switch":
             self._write_rules("enqueue" if begin else "full")
         else:
@@ -341,6 +351,9 @@ class ChaosRun:
     def _quiesce(self, clients: Clients) -> None:
         two = self.two
         self.log("quiescence: WAN restored, rules back, every process up, clients stop")
+        for lab in two.labs:  # a partition the run failed to heal
+            for n in two.nodes:
+                lab.restore(n)
         two.wan_all("restore")
         two.wan_all("set delay_ms=0 jitter_ms=0 rate_bps=0")
         self._write_rules("full")
@@ -409,8 +422,9 @@ class ChaosRun:
             slot.deliveries += [
                 Delivery(i, 10**6, bool(done.get("error"))) for i in done.get("ids", [])
             ]
-        p_held, p_digest = self._held(two.p)
+        # D first: P's holding consumer acquires, and P replicates that to D.
         d_held, d_digest = self._held(two.d)
+        p_held, p_digest = self._held(two.p)
         records = []
         for queue, mode in QUEUES.items():
             record = QueueRecord(queue, mode)

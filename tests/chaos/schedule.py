@@ -36,6 +36,9 @@ WEIGHTS: dict[str, int] = {
     "wan-delay": 2,  # delay and jitter
     "rules-switch": 2,  # the rules file switches q-switch from full to enqueue and back
 }
+# On the corosync bus a node can also be cut off from its site's others (its
+# bridge port down: a minority of one, its link to the other site gone too).
+COROSYNC_WEIGHTS: dict[str, int] = {**WEIGHTS, "partition-node": 3}
 # How long each kind lasts (seconds, uniform in the range).
 DURATION_S: dict[str, tuple[float, float]] = {
     "kill-sidecar": (0.5, 4.0),
@@ -47,6 +50,7 @@ DURATION_S: dict[str, tuple[float, float]] = {
     "wan-bandwidth": (2.0, 8.0),
     "wan-delay": (2.0, 8.0),
     "rules-switch": (2.0, 8.0),
+    "partition-node": (1.0, 6.0),
 }
 # Mean gap between the starts of two faults: overlaps are the rule.
 MEAN_GAP_S = 1.5
@@ -128,7 +132,7 @@ def make_schedule(
 
 
 def _target(rng: random.Random, kind: str, nodes: int) -> str:
-    if kind in ("kill-sidecar", "kill-broker"):
+    if kind in ("kill-sidecar", "kill-broker", "partition-node"):
         return f"{rng.choice(SITES)}:{rng.randint(1, nodes)}"
     if kind == "restart-site":
         return rng.choice(SITES)
