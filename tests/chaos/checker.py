@@ -15,7 +15,8 @@ Per queue, by the mode it ends in:
   received twice at D is a duplicate unless the earlier receipt was on a
   connection that broke (its accept may never have reached the broker);
   nothing at D P did not accept;
-* ``full``: D's queue equals P's, message by message and by digest;
+* ``full``: D's queue equals P's, message by message and by digest (by
+  digest and depth when D's replica is read-only, as a full one is);
 * ``wiring``: the queue is at D and empty; ``none``: absent at D.
 """
 
@@ -50,6 +51,10 @@ class QueueRecord:
     d_deliveries: list[Delivery] = field(default_factory=list)
     p_final: list[str] = field(default_factory=list)
     d_final: list[str] | None = None  # None: the queue is absent at D
+    # A full replica at D is read-only (no consumer may read it): then only
+    # its depth and digest are known, and the digest covers every message.
+    d_readable: bool = True
+    d_depth: int = 0
     p_digest: str = ""
     d_digest: str = ""
 
@@ -133,6 +138,13 @@ def _check_copy(deliveries: list[Delivery], final: list[str], accepted: list[str
 
 def _check_replica(r: QueueRecord) -> list[str]:
     assert r.d_final is not None
+    if not r.d_readable:
+        if r.p_digest == r.d_digest and r.d_depth == len(r.p_final):
+            return []
+        return [
+            f"{r.name} (full): D holds {r.d_depth} messages (digest {r.d_digest}), "
+            f"P {len(r.p_final)} (digest {r.p_digest}), from {r.p_final[:1]} on"
+        ]
     if r.d_final == r.p_final and r.p_digest == r.d_digest:
         return []
     for n, (p, d) in enumerate(zip(r.p_final, r.d_final, strict=False)):

@@ -423,8 +423,8 @@ class ChaosRun:
                 Delivery(i, 10**6, bool(done.get("error"))) for i in done.get("ids", [])
             ]
         # D first: P's holding consumer acquires, and P replicates that to D.
-        d_held, d_digest = self._held(two.d)
-        p_held, p_digest = self._held(two.p)
+        d_held, d_digest, d_depth = self._held(two.d)
+        p_held, p_digest, _ = self._held(two.p)
         records = []
         for queue, mode in QUEUES.items():
             record = QueueRecord(queue, mode)
@@ -437,6 +437,8 @@ class ChaosRun:
                     target += slot.deliveries
             record.p_final = p_held.get(queue, [])
             record.d_final = d_held.get(queue)
+            if queue in d_depth:
+                record.d_readable, record.d_depth = False, d_depth[queue]
             record.p_digest, record.d_digest = p_digest.get(queue, ""), d_digest.get(queue, "")
             records.append(record)
             self.report.published += len(record.published)
@@ -445,18 +447,24 @@ class ChaosRun:
             self.problem(problem)
         self.log(f"checked: {len(self.report.problems)} problem(s)")
 
-    def _held(self, site: BrokerSite) -> tuple[dict[str, list[str]], dict[str, str]]:
+    def _held(
+        self, site: BrokerSite
+    ) -> tuple[dict[str, list[str]], dict[str, str], dict[str, int]]:
         """Each queue's messages at ``site`` (node 1), in order, read by a
-        consumer that settles nothing, and its digest."""
+        consumer that settles nothing, and its digest; a read-only replica
+        (full, at D) is not read: its depth instead."""
         from tests.lab import queues
 
         described = queues(site.describe(1))
         held: dict[str, list[str]] = {}
+        replicas: dict[str, int] = {}
         for name, q in described.items():
             if name not in QUEUES:
                 continue
             held[name] = []
-            if q["depth"]:
+            if (q.get("replica") or {}).get("mode") == "full":
+                replicas[name] = int(q["depth"])
+            elif q["depth"]:
                 got = site.client(
                     1, "consume", site.amqp[1], name, "--hold", "--credit", str(q["depth"]),
                     "--count", str(q["depth"]), "--idle", "10",
@@ -466,7 +474,7 @@ class ChaosRun:
                     self.problem(
                         f"{site.cluster} {name}: read {len(held[name])} of {q['depth']} messages"
                     )
-        return held, {name: str(q["digest"]) for name, q in described.items()}
+        return held, {name: str(q["digest"]) for name, q in described.items()}, replicas
 
     def _check_leftovers(self, two: TwoSites, clients: Clients | None) -> None:
         for site in (two.p, two.d):

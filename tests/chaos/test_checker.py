@@ -70,3 +70,14 @@ def test_wiring_is_empty_at_d_and_none_is_absent() -> None:
         "w (wiring) holds w-1 … at D: it should be empty",
         "n (none) exists at D with 0 messages",
     ]
+
+
+def test_a_read_only_full_replica_is_checked_by_digest_and_depth() -> None:
+    record = QueueRecord("f", "full", published={"f-1": ACCEPTED, "f-2": ACCEPTED})
+    record.p_final, record.d_final, record.d_readable, record.d_depth = ["f-1", "f-2"], [], False, 2
+    record.p_digest = record.d_digest = "abc"
+    assert check([record]) == []
+    record.d_digest = "abd"
+    assert check([record]) == [
+        "f (full): D holds 2 messages (digest abd), P 2 (digest abc), from ['f-1'] on"
+    ]
