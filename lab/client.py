@@ -53,6 +53,11 @@ class Recorder:
             self.file.flush()
 
 
+# Every client connects once (``reconnect=False``): Proton's default would
+# retry a broker that is gone, on its old port, forever, and a lab client
+# reports what it saw instead.
+
+
 class Publisher(MessagingHandler):
     def __init__(
         self,
@@ -88,7 +93,7 @@ class Publisher(MessagingHandler):
         self.tags: dict[Any, str] = {}  # delivery tag -> message id, for --record
 
     def on_start(self, event: Any) -> None:
-        conn = event.container.connect(self.url)
+        conn = event.container.connect(self.url, reconnect=False)
         self.sender = event.container.create_sender(conn, self.address)
         self.began = time.monotonic()
         if self.rate:
@@ -219,7 +224,7 @@ class Consumer(MessagingHandler):
         self.conn: Any = None
 
     def on_start(self, event: Any) -> None:
-        self.conn = event.container.connect(self.url)
+        self.conn = event.container.connect(self.url, reconnect=False)
         receiver = event.container.create_receiver(self.conn, self.address)
         if self.hold:
             receiver.flow(self.credit)
@@ -292,7 +297,7 @@ class Describer(MessagingHandler):
         self.error = ""
 
     def on_start(self, event: Any) -> None:
-        conn = event.container.connect(self.url)
+        conn = event.container.connect(self.url, reconnect=False)
         event.container.create_receiver(conn, "$drgate.queues")
 
     def on_message(self, event: Any) -> None:

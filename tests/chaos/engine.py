@@ -56,6 +56,9 @@ P_CONSUME_COUNT = 20  # per P consumer process: P's queues grow, slower than pub
 P_CONSUME_PAUSE_S = 2.0
 D_CONSUMED = ("q-enq",)
 SUPERVISE_TICK_S = 0.1
+# A client still running after this long is stuck (a batch takes BATCH_S):
+# killed, and named in the report.
+CLIENT_HANG_S = 45.0
 FAILED_CLIENT_PAUSE_S = 1.0  # before a client that failed is started again
 QUIESCE_TIMEOUT_S = 300.0
 CLIENT_STOP_TIMEOUT_S = 60.0
@@ -120,6 +123,8 @@ class ClientSlot:
     next_seq: int = 1
     batch: tuple[int, int] = (0, 0)  # (start, count) of the running publisher
     not_before: float = 0.0
+    started: float = 0.0
+    url: str = ""
     published: dict[str, str] = field(default_factory=dict)
     deliveries: list[Delivery] = field(default_factory=list)
 
@@ -135,6 +140,7 @@ class Clients:
         self.slots += [ClientSlot(f"dcon-{q}", two.d, q, "consume") for q in D_CONSUMED]
         self.stopping = threading.Event()
         self.failure = ""
+        self.hung: list[str] = []  # clients killed after CLIENT_HANG_S
         self.thread = threading.Thread(target=self._serve, name="chaos-clients", daemon=True)
 
     def start(self) -> None:
@@ -163,7 +169,10 @@ class Clients:
         """Collect a finished client, start the next; whether one still runs."""
         if slot.popen is not None:
             if slot.popen.poll() is None:
-                return True  # a consumer ends when idle, a publisher when its batch is done
+                if time.monotonic() - slot.started < CLIENT_HANG_S:
+                    return True  # a consumer ends when idle, a publisher when its batch is done
+                self.hung.append(f"{slot.name} run {slot.runs} on {slot.url}")
+                slot.popen.kill()  # what it recorded stands; the rest is in doubt
             self._collect(slot)
         if self.stopping.is_set() or time.monotonic() < slot.not_before:
             return False
@@ -195,6 +204,7 @@ class Clients:
         else:
             args += ["--idle", "3", "--credit", "50"]
         slot.popen = site.client_popen(node, *args)
+        slot.started, slot.url = time.monotonic(), url
 
     def _collect(self, slot: ClientSlot) -> None:
         assert slot.popen is not None and slot.record is not None
@@ -362,6 +372,8 @@ class ChaosRun:
         clients.stop()
         if clients.failure:
             self.problem(clients.failure)
+        for hung in clients.hung:
+            self.problem(f"client {hung} did not end in {CLIENT_HANG_S:.0f} s")
         self.log("clients stopped; waiting for the links to drain")
         deadline = time.monotonic() + QUIESCE_TIMEOUT_S
         settled = 0
