@@ -132,8 +132,16 @@ class ClientSlot:
 class Clients:
     """Every client slot, kept running by a thread until :meth:`stop`."""
 
-    def __init__(self, two: TwoSites, records: Path, rng: random.Random) -> None:
-        self.two, self.records, self.rng = two, records, rng
+    def __init__(
+        self,
+        two: TwoSites,
+        records: Path,
+        rng: random.Random,
+        down: Callable[[BrokerSite, int], bool],
+    ) -> None:
+        """``down(site, node)``: the schedule has that broker down (killed, or
+        started and not yet ready: its old AMQP port may be anyone's now)."""
+        self.two, self.records, self.rng, self.down = two, records, rng, down
         records.mkdir(parents=True, exist_ok=True)
         self.slots = [ClientSlot(f"pub-{q}", two.p, q, "publish") for q in QUEUES]
         self.slots += [ClientSlot(f"pcon-{q}", two.p, q, "consume") for q in P_CONSUMED]
@@ -181,11 +189,7 @@ class Clients:
 
     def _launch(self, slot: ClientSlot) -> None:
         site = slot.site
-        up = [
-            n
-            for n in site.node_ids
-            if f"broker-{n}" in site.procs and site.procs[f"broker-{n}"].alive()
-        ]
+        up = [n for n in site.node_ids if n in site.amqp and not self.down(site, n)]
         if not up:
             slot.not_before = time.monotonic() + 0.5
             return
@@ -275,7 +279,12 @@ class ChaosRun:
         try:
             with two:
                 self._declare()
-                clients = Clients(two, workdir / "records", random.Random(opts.seed))
+                clients = Clients(
+                    two,
+                    workdir / "records",
+                    random.Random(opts.seed),
+                    lambda site, n: (site.cluster, f"broker-{n}") in self.killed,
+                )
                 clients.start()
                 self.log("clients started")
                 self._run_schedule()
