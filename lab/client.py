@@ -27,7 +27,9 @@ what it saw (the chaos suite, tests/chaos, reads them).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import signal
 import sys
 import time
 from typing import IO, Any
@@ -100,8 +102,10 @@ class Publisher(MessagingHandler):
             event.container.schedule(PACE_TICK_S, self)
 
     def on_timer_task(self, event: Any) -> None:
-        # Paced sending: top up to what the rate allows by now.
-        if self.sent < self.count and self.sender is not None:
+        # Paced sending: top up to what the rate allows by now; a connection
+        # that failed ends the pacing too (a pending timer keeps the
+        # container running).
+        if self.sent < self.count and self.sender is not None and not self.error:
             self._send(self.sender)
             event.container.schedule(PACE_TICK_S, self)
 
@@ -343,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     des = sub.add_parser("describe")
     des.add_argument("url")
     args = parser.parse_args(argv)
+    # SIGUSR1 prints every thread's stack on stderr: why a client is stuck.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     handler: Any
     if args.op == "publish":
         headers = dict(h.split("=", 1) for h in args.header)

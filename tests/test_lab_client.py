@@ -32,14 +32,20 @@ def one_shot_listener() -> tuple[socket.socket, threading.Thread]:
     return server, thread
 
 
-@pytest.mark.parametrize("op", ["consume", "publish"])
-def test_a_client_whose_broker_goes_away_exits_with_the_error(op: str) -> None:
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["consume", "--idle", "1"],
+        ["publish"],
+        ["publish", "--rate", "10", "--count", "100"],  # its pacing timer kept it alive
+    ],
+    ids=["consume", "publish", "paced-publish"],
+)
+def test_a_client_whose_broker_goes_away_exits_with_the_error(args: list[str]) -> None:
     server, thread = one_shot_listener()
     url = f"amqp://127.0.0.1:{server.getsockname()[1]}"
     done = subprocess.run(
-        [sys.executable, "-m", "lab.client", op, url, "q", "--idle", "1"]
-        if op == "consume"
-        else [sys.executable, "-m", "lab.client", op, url, "q"],
+        [sys.executable, "-m", "lab.client", args[0], url, "q", *args[1:]],
         capture_output=True,
         text=True,
         timeout=30,

@@ -179,13 +179,26 @@ class Clients:
             if slot.popen.poll() is None:
                 if time.monotonic() - slot.started < CLIENT_HANG_S:
                     return True  # a consumer ends when idle, a publisher when its batch is done
-                self.hung.append(f"{slot.name} run {slot.runs} on {slot.url}")
-                slot.popen.kill()  # what it recorded stands; the rest is in doubt
+                self.hung.append(f"{slot.name} run {slot.runs} on {slot.url}: {self._dump(slot)}")
             self._collect(slot)
         if self.stopping.is_set() or time.monotonic() < slot.not_before:
             return False
         self._launch(slot)
         return True
+
+    def _dump(self, slot: ClientSlot) -> Path:
+        """Kill a stuck client, its stacks first (SIGUSR1: lab/client.py
+        prints them); what it recorded stands, the rest is in doubt."""
+        assert slot.popen is not None and slot.record is not None
+        slot.popen.send_signal(signal.SIGUSR1)
+        try:
+            slot.popen.wait(timeout=1.0)  # it goes on running after its dump
+        except subprocess.TimeoutExpired:
+            slot.popen.kill()
+            slot.popen.wait(timeout=CLIENT_STOP_TIMEOUT_S)
+        path = slot.record.with_suffix(".stuck.txt")
+        path.write_text(slot.popen.stderr.read() if slot.popen.stderr else "")
+        return path
 
     def _launch(self, slot: ClientSlot) -> None:
         site = slot.site
