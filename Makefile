@@ -12,7 +12,7 @@ DEB_PKGS := corosync prometheus libssl-dev gcc python3-dev iproute2 procps
 PYTEST_ARGS ?=
 
 .PHONY: demo test check-fast fuzz lint typecheck pytest deb venv clean bench-resync bench-journal \
-	bench-peer bench-cpu bench-durable
+	bench-peer bench-cpu bench-durable chaos
 
 demo: deb $(STAMP)
 	$(VENV)/bin/drgate demo
@@ -98,3 +98,14 @@ bench-peer: $(STAMP)
 PROFILE_DIR ?= /tmp/drgate-profile
 bench-cpu: $(STAMP)
 	$(PY) bench/e2e_bench.py --cpu-only --profile $(PROFILE_DIR)
+
+# A randomized fault run (tests/chaos, docs/chaos.md): two durable sites,
+# clients for the whole run, FAULTS overlapping faults drawn from SEED (a
+# fresh one, printed, when empty), then the checker.  BUS=corosync needs
+# root; the run holds the lab's lock (fixed netns names and ports).
+SEED   ?=
+FAULTS ?= 200
+BUS    ?= embedded
+chaos: $(STAMP)
+	flock /tmp/drgate-corosync.lock $(PY) bench/chaos.py --faults $(FAULTS) --bus $(BUS) \
+	  $(if $(SEED),--seed $(SEED))

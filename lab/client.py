@@ -17,16 +17,22 @@ send), and ``consume`` then reports the lag (receive time minus ``sent_at``)
 per message in ``lags`` (the lab's machines share one clock).  ``publish
 --durable`` marks messages durable (persistent, for another broker).
 ``publish --window N`` keeps at most N messages unsettled (in flight),
-whatever credit the broker grants.
+whatever credit the broker grants.  ``--record FILE`` (publish and consume)
+appends one JSON line per settled publish (``{"id": ..., "outcome":
+"accepted" | "rejected" | "released"}``) or per delivery (``{"id": ...,
+"redelivered": bool}``) as it happens, so a client killed mid-run leaves
+what it saw (the chaos suite, tests/chaos, reads them).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import signal
 import sys
 import time
-from typing import Any
+from typing import IO, Any
 
 from proton import Message
 from proton.handlers import MessagingHandler
@@ -34,6 +40,24 @@ from proton.reactor import Container
 
 # How often a paced publisher wakes to send what its rate allows by then.
 PACE_TICK_S = 0.01
+
+
+class Recorder:
+    """``--record FILE``: one JSON line per outcome, flushed at once (a
+    client killed -9 loses nothing it already saw); no file, no lines."""
+
+    def __init__(self, path: str | None) -> None:
+        self.file: IO[str] | None = open(path, "a") if path else None  # noqa: SIM115
+
+    def write(self, **fields: Any) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(fields) + "\n")
+            self.file.flush()
+
+
+# Every client connects once (``reconnect=False``): Proton's default would
+# retry a broker that is gone, on its old port, forever, and a lab client
+# reports what it saw instead.
 
 
 class Publisher(MessagingHandler):
@@ -51,8 +75,10 @@ class Publisher(MessagingHandler):
         stamp: bool = False,
         durable: bool = False,
         window: int = 0,
+        record: str | None = None,
     ) -> None:
         super().__init__()
+        self.recorder = Recorder(record)
         self.url, self.address, self.count = url, address, count
         self.prefix, self.start, self.size = prefix, start, size
         self.subject, self.headers = subject, headers
@@ -63,19 +89,23 @@ class Publisher(MessagingHandler):
         self.sent = 0
         self.accepted = 0
         self.rejected = 0
+        self.released = 0
         self.first_error = ""
         self.error = ""
+        self.tags: dict[Any, str] = {}  # delivery tag -> message id, for --record
 
     def on_start(self, event: Any) -> None:
-        conn = event.container.connect(self.url)
+        conn = event.container.connect(self.url, reconnect=False)
         self.sender = event.container.create_sender(conn, self.address)
         self.began = time.monotonic()
         if self.rate:
             event.container.schedule(PACE_TICK_S, self)
 
     def on_timer_task(self, event: Any) -> None:
-        # Paced sending: top up to what the rate allows by now.
-        if self.sent < self.count and self.sender is not None:
+        # Paced sending: top up to what the rate allows by now; a connection
+        # that failed ends the pacing too (a pending timer keeps the
+        # container running).
+        if self.sent < self.count and self.sender is not None and not self.error:
             self._send(self.sender)
             event.container.schedule(PACE_TICK_S, self)
 
@@ -87,7 +117,7 @@ class Publisher(MessagingHandler):
         if self.rate:
             allowed = min(allowed, int((time.monotonic() - self.began) * self.rate) + 1)
         if self.window:
-            allowed = min(allowed, self.accepted + self.rejected + self.window)
+            allowed = min(allowed, self.settled() + self.window)
         return allowed
 
     def _send(self, sender: Any) -> None:
@@ -98,7 +128,7 @@ class Publisher(MessagingHandler):
             if self.stamp:
                 props["sent_at"] = time.time()
             body = f"{self.prefix}-{n}".ljust(self.size, ".")
-            sender.send(
+            delivery = sender.send(
                 Message(
                     id=f"{self.prefix}-{n}",
                     body=body,
@@ -107,21 +137,37 @@ class Publisher(MessagingHandler):
                     durable=self.durable,
                 )
             )
+            self.tags[delivery.tag] = f"{self.prefix}-{n}"
             self.sent += 1
+
+    def settled(self) -> int:
+        return self.accepted + self.rejected + self.released
+
+    def _record(self, event: Any, outcome: str) -> None:
+        message_id = event.delivery.tag  # the tag Proton gave it at send: see _send
+        self.recorder.write(id=self.tags.get(message_id, str(message_id)), outcome=outcome)
 
     def on_accepted(self, event: Any) -> None:
         self.accepted += 1
+        self._record(event, "accepted")
+        self._maybe_done(event)
+
+    def on_released(self, event: Any) -> None:
+        # Not taken (released or modified): the broker holds no copy.
+        self.released += 1
+        self._record(event, "released")
         self._maybe_done(event)
 
     def on_rejected(self, event: Any) -> None:
         self.rejected += 1
+        self._record(event, "rejected")
         condition = event.delivery.remote.condition
         if not self.first_error and condition is not None:
             self.first_error = f"{condition.name}: {condition.description}"
         self._maybe_done(event)
 
     def _maybe_done(self, event: Any) -> None:
-        if self.accepted + self.rejected >= self.count:
+        if self.settled() >= self.count:
             event.connection.close()
         elif self.window:
             self._send(event.sender)  # a settlement opened the window
@@ -148,6 +194,7 @@ class Publisher(MessagingHandler):
             "sent": self.sent,
             "accepted": self.accepted,
             "rejected": self.rejected,
+            "released": self.released,
             "first_rejection": self.first_error,
             "error": self.error,
         }
@@ -155,7 +202,14 @@ class Publisher(MessagingHandler):
 
 class Consumer(MessagingHandler):
     def __init__(
-        self, url: str, address: str, count: int, idle_s: float, credit: int, hold: bool
+        self,
+        url: str,
+        address: str,
+        count: int,
+        idle_s: float,
+        credit: int,
+        hold: bool,
+        record: str | None = None,
     ) -> None:
         # A holder grants its credit once and never tops it up, so it holds
         # exactly ``credit`` messages; a normal consumer keeps a prefetch window.
@@ -163,6 +217,7 @@ class Consumer(MessagingHandler):
         self.url, self.address, self.count, self.idle_s = url, address, count, idle_s
         self.hold = hold
         self.credit = credit
+        self.recorder = Recorder(record)
         self.ids: list[str] = []
         self.lags: list[float] = []
         self.first_at = 0.0
@@ -173,7 +228,7 @@ class Consumer(MessagingHandler):
         self.conn: Any = None
 
     def on_start(self, event: Any) -> None:
-        self.conn = event.container.connect(self.url)
+        self.conn = event.container.connect(self.url, reconnect=False)
         receiver = event.container.create_receiver(self.conn, self.address)
         if self.hold:
             receiver.flow(self.credit)
@@ -197,6 +252,8 @@ class Consumer(MessagingHandler):
         if event.message.delivery_count:
             self.redelivered += 1
         self.ids.append(str(event.message.id))
+        redelivered = bool(event.message.delivery_count)
+        self.recorder.write(id=str(event.message.id), redelivered=redelivered)
         self.last_at = time.time()
         self.first_at = self.first_at or self.last_at
         properties = event.message.properties or {}
@@ -244,7 +301,7 @@ class Describer(MessagingHandler):
         self.error = ""
 
     def on_start(self, event: Any) -> None:
-        conn = event.container.connect(self.url)
+        conn = event.container.connect(self.url, reconnect=False)
         event.container.create_receiver(conn, "$drgate.queues")
 
     def on_message(self, event: Any) -> None:
@@ -285,9 +342,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     con.add_argument("--credit", type=int, default=100)
     con.add_argument("--hold", action="store_true", help="never settle: keep what arrives acquired")
+    for command in (pub, con):
+        command.add_argument("--record", default=None, help="append one JSON line per outcome")
     des = sub.add_parser("describe")
     des.add_argument("url")
     args = parser.parse_args(argv)
+    # SIGUSR1 prints every thread's stack on stderr: why a client is stuck.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     handler: Any
     if args.op == "publish":
         headers = dict(h.split("=", 1) for h in args.header)
@@ -304,9 +365,12 @@ def main(argv: list[str] | None = None) -> int:
             args.stamp,
             args.durable,
             args.window,
+            args.record,
         )
     elif args.op == "consume":
-        handler = Consumer(args.url, args.address, args.count, args.idle, args.credit, args.hold)
+        handler = Consumer(
+            args.url, args.address, args.count, args.idle, args.credit, args.hold, args.record
+        )
     else:
         handler = Describer(args.url)
     Container(handler).run()

@@ -1,0 +1,542 @@
+"""The chaos runner: two durable sites, clients for the whole run, a seeded
+fault schedule, quiescence, and the checker (tests/chaos/checker.py).
+
+Importable, so that ``bench/chaos.py`` (``make chaos``) drives long runs and
+``tests/chaos/test_chaos.py`` short ones::
+
+    report = run_chaos(ChaosOptions(seed=7, faults=30, bus="embedded"))
+    assert report.ok, report.text()
+
+A run: start ``lab.site.TwoSites(durable=True)`` and its queues (one per
+mode, and ``q-switch``, whose mode the rules file decides); clients
+(``lab.client`` processes, ``--record``) publish durable messages to every
+queue at P and consume at P and, for ``enqueue``, at D, started again each
+time one ends (a broker killed under it, or its batch done); the schedule's
+steps run in order, late when a restart takes longer than planned.  Then
+quiescence: the WAN restored, the rules back, every process up (one that
+died without a fault is a finding), the clients stopped, the links drained
+and the full replicas equal; D's enqueue queue drained by its consumer; the
+queues' contents read (a holding consumer, which settles nothing) and
+checked.  No process and no namespace may be left after the sites stop.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lab.netns import list_netns
+from lab.site import BrokerSite, SiteError, TwoSites, finish_client
+from tests.chaos import schedule as sch
+from tests.chaos.checker import ACCEPTED, IN_DOUBT, Delivery, QueueRecord, check
+
+# Queue -> its mode at D (``q-switch``: the rules file's, full at the start
+# and at the end, enqueue during a rules-switch fault).
+QUEUES = {
+    "q-full": "full",
+    "q-enq": "enqueue",
+    "q-wire": "wiring",
+    "q-none": "none",
+    "q-switch": "full",
+}
+# Messages a second each publisher offers (paced): enough to keep every link
+# busy through every fault without saturating a 2-core machine.
+RATE = {"q-full": 30, "q-enq": 30, "q-switch": 15, "q-wire": 5, "q-none": 5}
+BATCH_S = 8.0  # one publisher process publishes this long, then the next one
+P_CONSUMED = ("q-full", "q-enq", "q-switch")  # consumed at P, a few at a time
+P_CONSUME_COUNT = 20  # per P consumer process: P's queues grow, slower than published
+P_CONSUME_PAUSE_S = 2.0
+D_CONSUMED = ("q-enq",)
+SUPERVISE_TICK_S = 0.1
+# A client still running after this long is stuck (a batch takes BATCH_S):
+# killed, and named in the report.
+CLIENT_HANG_S = 45.0
+FAILED_CLIENT_PAUSE_S = 1.0  # before a client that failed is started again
+QUIESCE_TIMEOUT_S = 300.0
+CLIENT_STOP_TIMEOUT_S = 60.0
+RULES = """\
+version: 1
+rules:
+  - name: switch
+    match: {{queue: q-switch}}
+    action: {{mode: {mode}}}
+default:
+  mode: from-args
+  fallback: none
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosOptions:
+    seed: int
+    faults: int = 30
+    bus: str = "embedded"
+    workdir: Path | None = None
+    nodes: int = 3
+    weights: dict[str, int] | None = None
+
+
+@dataclass
+class ChaosReport:
+    options: ChaosOptions
+    schedule: list[sch.Fault]
+    timeline: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    published: int = 0
+    accepted: int = 0
+    run_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def text(self) -> str:
+        head = (
+            f"chaos seed={self.options.seed} faults={len(self.schedule)} bus={self.options.bus}: "
+            f"{'PASS' if self.ok else 'FAIL'} in {self.run_s:.0f} s; "
+            f"{self.published} published, {self.accepted} accepted at P\n"
+            f"faults by kind: {sch.counts(self.schedule)}\n"
+        )
+        problems = "".join(f"  PROBLEM {p}\n" for p in self.problems)
+        return head + problems + "timeline:\n" + "".join(f"  {t}\n" for t in self.timeline)
+
+
+@dataclass
+class ClientSlot:
+    """One client role (publish to Q at P, consume Q at P or D), run again and again."""
+
+    name: str
+    site: BrokerSite
+    queue: str
+    op: str  # publish | consume
+    popen: subprocess.Popen[str] | None = None
+    record: Path | None = None
+    runs: int = 0
+    next_seq: int = 1
+    batch: tuple[int, int] = (0, 0)  # (start, count) of the running publisher
+    not_before: float = 0.0
+    started: float = 0.0
+    url: str = ""
+    published: dict[str, str] = field(default_factory=dict)
+    deliveries: list[Delivery] = field(default_factory=list)
+
+
+class Clients:
+    """Every client slot, kept running by a thread until :meth:`stop`."""
+
+    def __init__(
+        self,
+        two: TwoSites,
+        records: Path,
+        rng: random.Random,
+        down: Callable[[BrokerSite, int], bool],
+    ) -> None:
+        """``down(site, node)``: the schedule has that broker down (killed, or
+        started and not yet ready: its old AMQP port may be anyone's now)."""
+        self.two, self.records, self.rng, self.down = two, records, rng, down
+        records.mkdir(parents=True, exist_ok=True)
+        self.slots = [ClientSlot(f"pub-{q}", two.p, q, "publish") for q in QUEUES]
+        self.slots += [ClientSlot(f"pcon-{q}", two.p, q, "consume") for q in P_CONSUMED]
+        self.slots += [ClientSlot(f"dcon-{q}", two.d, q, "consume") for q in D_CONSUMED]
+        self.stopping = threading.Event()
+        self.failure = ""
+        self.hung: list[str] = []  # clients killed after CLIENT_HANG_S
+        self.thread = threading.Thread(target=self._serve, name="chaos-clients", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        """No new client; wait for the running ones (a publisher's batch ends)."""
+        self.stopping.set()
+        self.thread.join(timeout=CLIENT_STOP_TIMEOUT_S + BATCH_S)
+        if self.thread.is_alive():
+            raise SiteError(f"chaos clients did not stop in {CLIENT_STOP_TIMEOUT_S:.0f} s")
+
+    def _serve(self) -> None:
+        try:
+            while True:
+                running = False
+                for slot in self.slots:
+                    running |= self._tend(slot)
+                if self.stopping.is_set() and not running:
+                    return
+                time.sleep(SUPERVISE_TICK_S)  # polling processes: no event to await
+        except Exception as exc:  # reported by the run, never lost with the thread
+            self.failure = f"client supervisor failed: {exc!r}"
+
+    def _tend(self, slot: ClientSlot) -> bool:
+        """Collect a finished client, start the next; whether one still runs."""
+        if slot.popen is not None:
+            if slot.popen.poll() is None:
+                if time.monotonic() - slot.started < CLIENT_HANG_S:
+                    return True  # a consumer ends when idle, a publisher when its batch is done
+                self.hung.append(f"{slot.name} run {slot.runs} on {slot.url}: {self._dump(slot)}")
+            self._collect(slot)
+        if self.stopping.is_set() or time.monotonic() < slot.not_before:
+            return False
+        self._launch(slot)
+        return True
+
+    def _dump(self, slot: ClientSlot) -> Path:
+        """Kill a stuck client, its stacks first (SIGUSR1: lab/client.py
+        prints them); what it recorded stands, the rest is in doubt."""
+        assert slot.popen is not None and slot.record is not None
+        slot.popen.send_signal(signal.SIGUSR1)
+        try:
+            slot.popen.wait(timeout=1.0)  # it goes on running after its dump
+        except subprocess.TimeoutExpired:
+            slot.popen.kill()
+            slot.popen.wait(timeout=CLIENT_STOP_TIMEOUT_S)
+        path = slot.record.with_suffix(".stuck.txt")
+        path.write_text(slot.popen.stderr.read() if slot.popen.stderr else "")
+        return path
+
+    def _launch(self, slot: ClientSlot) -> None:
+        site = slot.site
+        up = [n for n in site.node_ids if n in site.amqp and not self.down(site, n)]
+        if not up:
+            slot.not_before = time.monotonic() + 0.5
+            return
+        node = self.rng.choice(up)
+        url = site.amqp[node]
+        slot.runs += 1
+        slot.record = self.records / f"{slot.name}-{slot.runs}.jsonl"
+        args = [slot.op, url, slot.queue, "--record", str(slot.record)]
+        if slot.op == "publish":
+            count = int(RATE[slot.queue] * BATCH_S)
+            slot.batch = (slot.next_seq, count)
+            args += ["--count", str(count), "--start", str(slot.next_seq), "--prefix", slot.queue]
+            args += ["--rate", str(RATE[slot.queue]), "--durable", "--window", "20"]
+        elif site is self.two.p:
+            args += ["--count", str(P_CONSUME_COUNT), "--idle", "2", "--credit", "10"]
+        else:
+            args += ["--idle", "3", "--credit", "50"]
+        slot.popen = site.client_popen(node, *args)
+        slot.started, slot.url = time.monotonic(), url
+
+    def _collect(self, slot: ClientSlot) -> None:
+        assert slot.popen is not None and slot.record is not None
+        try:
+            result: dict[str, Any] | None = finish_client(slot.popen, timeout=30)
+        except SiteError:
+            result = None
+        slot.popen = None
+        if result is None or result.get("error"):
+            # Its broker is down or the site not live yet: do not spin.
+            slot.not_before = time.monotonic() + FAILED_CLIENT_PAUSE_S
+        lines = slot.record.read_text().splitlines() if slot.record.exists() else []
+        seen = [json.loads(line) for line in lines]
+        if slot.op == "publish":
+            start, count = slot.batch
+            sent = count if result is None else int(result["sent"])
+            for n in range(start, start + sent):
+                slot.published[f"{slot.queue}-{n}"] = IN_DOUBT
+            for line in seen:
+                slot.published[line["id"]] = line["outcome"]
+            slot.next_seq = start + count if result is None else start + sent
+        else:
+            broken = result is None or bool(result.get("error"))
+            slot.deliveries += [Delivery(line["id"], slot.runs, broken) for line in seen]
+            if slot.site is self.two.p:
+                slot.not_before = time.monotonic() + P_CONSUME_PAUSE_S
+
+
+class ChaosRun:
+    """One run; :func:`run_chaos` is the way in."""
+
+    def __init__(self, options: ChaosOptions, say: Callable[[str], None]) -> None:
+        self.options, self.say = options, say
+        weights = options.weights or (
+            sch.COROSYNC_WEIGHTS if options.bus == "corosync" else sch.WEIGHTS
+        )
+        self.schedule = sch.make_schedule(
+            options.seed, options.faults, nodes=options.nodes, weights=weights
+        )
+        self.report = ChaosReport(options, self.schedule)
+        self.began = time.monotonic()
+        self.killed: set[tuple[str, str]] = set()  # (cluster, process) the schedule has down
+
+    def log(self, text: str) -> None:
+        line = f"{time.monotonic() - self.began:7.2f}s {text}"
+        self.report.timeline.append(line)
+        self.say(line)
+
+    def problem(self, text: str) -> None:
+        self.report.problems.append(text)
+        self.log(f"PROBLEM {text}")
+
+    # -- the run ------------------------------------------------------------
+
+    def run(self, workdir: Path) -> ChaosReport:
+        opts = self.options
+        self.say(f"chaos: seed {opts.seed}, {opts.faults} faults, bus {opts.bus}, in {workdir}")
+        for fault in self.schedule:
+            self.say(f"  planned {fault.describe()}")
+        self.rules = workdir / "rules.yaml"
+        self.rules.write_text(RULES.format(mode="full"))
+        two = TwoSites(
+            workdir=workdir / "lab", metrics=True, bus=opts.bus, durable=True, nodes=opts.nodes,
+            rules=self.rules,
+        )  # fmt: skip
+        self.two = two
+        clients: Clients | None = None
+        try:
+            with two:
+                self._declare()
+                clients = Clients(
+                    two,
+                    workdir / "records",
+                    random.Random(opts.seed),
+                    lambda site, n: (site.cluster, f"broker-{n}") in self.killed,
+                )
+                clients.start()
+                self.log("clients started")
+                self._run_schedule()
+                self._quiesce(clients)
+                self._check(clients)
+        except Exception as exc:
+            self.problem(f"the run failed: {exc!r}")
+        finally:
+            self._check_leftovers(two, clients)
+            self.report.run_s = time.monotonic() - self.began
+        return self.report
+
+    def _declare(self) -> None:
+        for queue, mode in QUEUES.items():
+            args = ["--replicate", mode] if queue != "q-switch" else []
+            done = self.two.p.admin(1, "add-queue", queue, "--durable", *args)
+            if done.returncode != 0:
+                raise SiteError(f"add-queue {queue} failed: {done.stderr}")
+
+    def _run_schedule(self) -> None:
+        start = time.monotonic()
+        for step in sch.steps(self.schedule):
+            delay = start + step.at_s - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)  # the schedule's own clock
+            self.log(f"{step.action} {step.fault.describe()}")
+            try:
+                self._apply(step)
+            except (SiteError, subprocess.SubprocessError, OSError) as exc:
+                self.problem(f"{step.action} of fault #{step.fault.index} failed: {exc}")
+
+    def _apply(self, step: sch.Step) -> None:
+        fault, begin, two = step.fault, step.action == "begin", self.two
+        where, _, which = fault.target.partition(":")
+        if fault.kind in ("kill-sidecar", "kill-broker"):
+            site = two.p if where == "p" else two.d
+            name = f"{fault.kind.removeprefix('kill-')}-{which}"
+            if begin:
+                self._kill(site, [name])
+            elif name == "broker-" + which:
+                site.start_broker(int(which))
+                self.killed.discard((site.cluster, name))
+            else:
+                two.start_sidecar(site, int(which))
+                self.killed.discard((site.cluster, name))
+        elif fault.kind == "restart-site":
+            site = two.p if where == "p" else two.d
+            if begin:
+                names = [f"sidecar-{n}" for n in two.nodes] + [f"broker-{n}" for n in two.nodes]
+                self._kill(site, names + (["bus"] if site.backend == "embedded" else []))
+            else:
+                self._start_site(site)
+        elif fault.kind.startswith("wan-"):
+            emulators = two.nodes if which == "all" else [int(which)]
+            for n in emulators:
+                two.wan(n, _wan_line(fault, begin))
+        elif fault.kind == "partition-node":
+            lab = two.labs[0 if where == "p" else 1]
+            (lab.cut if begin else lab.restore)(int(which))
+        elif fault.kind == "rules-switch":
+            self._write_rules("enqueue" if begin else "full")
+        else:
+            raise SiteError(f"unknown fault kind {fault.kind}")
+
+    def _kill(self, site: BrokerSite, names: list[str]) -> None:
+        for name in names:
+            self.killed.add((site.cluster, name))
+            site.kill(name, signal.SIGKILL)
+
+    def _start_site(self, site: BrokerSite) -> None:
+        site.start()
+        for n in self.two.nodes:
+            self.two.start_sidecar(site, n)
+        self.killed = {k for k in self.killed if k[0] != site.cluster}
+
+    def _write_rules(self, mode: str) -> None:
+        tmp = self.rules.with_suffix(".tmp")
+        tmp.write_text(RULES.format(mode=mode))
+        tmp.replace(self.rules)  # a new inode, as an editor writes it
+
+    # -- quiescence ------------------------------------------------------------
+
+    def _quiesce(self, clients: Clients) -> None:
+        two = self.two
+        self.log("quiescence: WAN restored, rules back, every process up, clients stop")
+        for lab in two.labs:  # a partition the run failed to heal
+            for n in two.nodes:
+                lab.restore(n)
+        two.wan_all("restore")
+        two.wan_all("set delay_ms=0 jitter_ms=0 rate_bps=0")
+        self._write_rules("full")
+        for site in (two.p, two.d):
+            self._revive(site)
+        clients.stop()
+        if clients.failure:
+            self.problem(clients.failure)
+        for hung in clients.hung:
+            self.problem(f"client {hung} did not end in {CLIENT_HANG_S:.0f} s")
+        self.log("clients stopped; waiting for the links to drain")
+        deadline = time.monotonic() + QUIESCE_TIMEOUT_S
+        settled = 0
+        while settled < 3:
+            if time.monotonic() > deadline:
+                self.problem(f"the sites did not converge in {QUIESCE_TIMEOUT_S:.0f} s")
+                return
+            settled = settled + 1 if self._drained() else 0
+            time.sleep(1.0)  # polling other processes: no event to await
+        self.log("links drained, full replicas equal")
+
+    def _revive(self, site: BrokerSite) -> None:
+        """Every process of ``site`` up: one down that no fault killed died on its own."""
+        for name, proc in list(site.procs.items()):
+            if not proc.alive() and (site.cluster, name) not in self.killed:
+                self.problem(
+                    f"{site.cluster} {name} exited on its own ({proc.popen.returncode}); "
+                    f"log: {proc.log_path}"
+                )
+        if site.backend == "embedded" and not site.procs["bus"].alive():
+            self._start_site(site)
+            return
+        for n in self.two.nodes:
+            if not site.procs[f"broker-{n}"].alive():
+                site.start_broker(n)
+            if not site.procs[f"sidecar-{n}"].alive():
+                self.two.start_sidecar(site, n)
+        self.killed = {k for k in self.killed if k[0] != site.cluster}
+
+    def _drained(self) -> bool:
+        from tests.lab import queues, status
+
+        two = self.two
+        try:
+            for n in two.nodes:
+                doc = status(two, "site-p", n)
+                if doc["role"] == "egress" and (doc["lag_events"] or doc["resync"].get("active")):
+                    return False
+            if not any(status(two, "site-p", n)["role"] == "egress" for n in two.nodes):
+                return False
+            p, d = queues(two.p.describe(1)), queues(two.d.describe(1))
+        except (OSError, SiteError, KeyError):
+            return False
+        return all(
+            q in d and p[q]["digest"] == d[q]["digest"] for q, m in QUEUES.items() if m == "full"
+        )
+
+    # -- the check ----------------------------------------------------------------
+
+    def _check(self, clients: Clients) -> None:
+        two = self.two
+        for queue in D_CONSUMED:  # D's consumer takes what is left
+            done = two.d.client(
+                1, "consume", two.d.amqp[1], queue, "--idle", "5", "--credit", "200",
+                "--record", str(clients.records / f"final-{queue}.jsonl"),
+            )  # fmt: skip
+            slot = next(s for s in clients.slots if s.name == f"dcon-{queue}")
+            slot.deliveries += [
+                Delivery(i, 10**6, bool(done.get("error"))) for i in done.get("ids", [])
+            ]
+        # D first: P's holding consumer acquires, and P replicates that to D.
+        d_held, d_digest, d_depth = self._held(two.d)
+        p_held, p_digest, _ = self._held(two.p)
+        records = []
+        for queue, mode in QUEUES.items():
+            record = QueueRecord(queue, mode)
+            for slot in clients.slots:
+                if slot.queue != queue:
+                    continue
+                record.published.update(slot.published)
+                if slot.op == "consume":
+                    target = record.p_deliveries if slot.site is two.p else record.d_deliveries
+                    target += slot.deliveries
+            record.p_final = p_held.get(queue, [])
+            record.d_final = d_held.get(queue)
+            if queue in d_depth:
+                record.d_readable, record.d_depth = False, d_depth[queue]
+            record.p_digest, record.d_digest = p_digest.get(queue, ""), d_digest.get(queue, "")
+            records.append(record)
+            self.report.published += len(record.published)
+            self.report.accepted += sum(o == ACCEPTED for o in record.published.values())
+        for problem in check(records):
+            self.problem(problem)
+        self.log(f"checked: {len(self.report.problems)} problem(s)")
+
+    def _held(
+        self, site: BrokerSite
+    ) -> tuple[dict[str, list[str]], dict[str, str], dict[str, int]]:
+        """Each queue's messages at ``site`` (node 1), in order, read by a
+        consumer that settles nothing, and its digest; a read-only replica
+        (full, at D) is not read: its depth instead."""
+        from tests.lab import queues
+
+        described = queues(site.describe(1))
+        held: dict[str, list[str]] = {}
+        replicas: dict[str, int] = {}
+        for name, q in described.items():
+            if name not in QUEUES:
+                continue
+            held[name] = []
+            if (q.get("replica") or {}).get("mode") == "full":
+                replicas[name] = int(q["depth"])
+            elif q["depth"]:
+                got = site.client(
+                    1, "consume", site.amqp[1], name, "--hold", "--credit", str(q["depth"]),
+                    "--count", str(q["depth"]), "--idle", "10",
+                )  # fmt: skip
+                held[name] = list(got["ids"])
+                if len(held[name]) != q["depth"]:
+                    self.problem(
+                        f"{site.cluster} {name}: read {len(held[name])} of {q['depth']} messages"
+                    )
+        return held, {name: str(q["digest"]) for name, q in described.items()}, replicas
+
+    def _check_leftovers(self, two: TwoSites, clients: Clients | None) -> None:
+        for site in (two.p, two.d):
+            for name, proc in site.procs.items():
+                if proc.alive():
+                    self.problem(f"{site.cluster} {name} (pid {proc.pid}) is left running")
+            for popen in site.clients:
+                if popen.poll() is None:
+                    self.problem(f"a client of {site.cluster} (pid {popen.pid}) is left running")
+        left = [n for n in list_netns() if n.startswith(("dgP", "dgD"))]
+        if two.bus == "corosync" and left:
+            self.problem(f"network namespaces left: {left}")
+
+
+def _wan_line(fault: sch.Fault, begin: bool) -> str:
+    if fault.kind == "wan-bandwidth":
+        return f"set {fault.setting}" if begin else "set rate_bps=0"
+    if fault.kind == "wan-delay":
+        return f"set {fault.setting}" if begin else "set delay_ms=0 jitter_ms=0"
+    if not begin:
+        return "restore"
+    return {"wan-cut": "cut", "wan-blackhole": "cut blackhole", "wan-stall": "stall"}[fault.kind]
+
+
+def run_chaos(options: ChaosOptions, *, say: Callable[[str], None] = print) -> ChaosReport:
+    """One chaos run (the module docstring); its report, never an exception."""
+    import tempfile
+
+    workdir = options.workdir or Path(tempfile.mkdtemp(prefix=f"chaos-{options.seed}-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    return ChaosRun(options, say).run(workdir)
