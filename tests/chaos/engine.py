@@ -169,7 +169,8 @@ class Clients:
                     running |= self._tend(slot)
                 if self.stopping.is_set() and not running:
                     return
-                time.sleep(SUPERVISE_TICK_S)  # polling processes: no event to await
+                # Processes give no event to await: look again after a tick, or at once on stop.
+                self.stopping.wait(SUPERVISE_TICK_S)
         except Exception as exc:  # reported by the run, never lost with the thread
             self.failure = f"client supervisor failed: {exc!r}"
 
