@@ -562,8 +562,11 @@ class BrokerNode(NullObserver):
                 return
             self._by_consumer_id.pop(consumer.id, None)
             if consumer.unsettled:
+                # They went out on the wire: the client may have seen them
+                # (even after it began to close), so the next consumer is
+                # told they may be duplicates.
                 await self.member.submit(
-                    pc.Release(consumer.queue, consumer.session, tuple(consumer.unsettled), False)
+                    pc.Release(consumer.queue, consumer.session, tuple(consumer.unsettled), True)
                 )
         else:
             for ref, delivery in list(self._pending.items()):

@@ -20,8 +20,9 @@ per message in ``lags`` (the lab's machines share one clock).  ``publish
 whatever credit the broker grants.  ``--record FILE`` (publish and consume)
 appends one JSON line per settled publish (``{"id": ..., "outcome":
 "accepted" | "rejected" | "released"}``) or per delivery (``{"id": ...,
-"redelivered": bool}``) as it happens, so a client killed mid-run leaves
-what it saw (the chaos suite, tests/chaos, reads them).
+"redelivered": bool, "accepted": bool}``; ``accepted`` false for a
+message that arrived after the consumer closed, or with ``--hold``) as it
+happens, so a client killed mid-run leaves what it saw (the chaos suite, tests/chaos, reads them).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import sys
 import time
 from typing import IO, Any
 
-from proton import Message
+from proton import Endpoint, Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
@@ -53,6 +54,10 @@ class Recorder:
         if self.file is not None:
             self.file.write(json.dumps(fields) + "\n")
             self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
 # Every client connects once (``reconnect=False``): Proton's default would
@@ -249,11 +254,19 @@ class Consumer(MessagingHandler):
             # Prefetched beyond --count while closing: give it back.
             self.release(event.delivery, delivered=False)
             return
-        if event.message.delivery_count:
+        redelivered = bool(event.message.delivery_count)
+        if event.connection.state & Endpoint.LOCAL_CLOSED:
+            # The broker sent it before it saw our close: it cannot be
+            # accepted any more, so the broker releases it for another
+            # consumer (marked redelivered).  Seen, not consumed.
+            self.recorder.write(id=str(event.message.id), redelivered=redelivered, accepted=False)
+            return
+        if redelivered:
             self.redelivered += 1
         self.ids.append(str(event.message.id))
-        redelivered = bool(event.message.delivery_count)
-        self.recorder.write(id=str(event.message.id), redelivered=redelivered)
+        self.recorder.write(
+            id=str(event.message.id), redelivered=redelivered, accepted=not self.hold
+        )
         self.last_at = time.time()
         self.first_at = self.first_at or self.last_at
         properties = event.message.properties or {}

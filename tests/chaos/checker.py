@@ -13,8 +13,10 @@ Per queue, by the mode it ends in:
 * ``enqueue``: every publish P accepted was received by D's consumers or is
   still in D's queue; D's first receipts then its queue are in order; an id
   received twice at D is a duplicate unless the earlier receipt was on a
-  connection that broke (its accept may never have reached the broker);
-  nothing at D P did not accept;
+  connection that broke (its accept may never have reached the broker) or
+  was never accepted (it arrived after its consumer closed), and a message
+  received again must come marked redelivered; nothing at D P did not
+  accept;
 * ``full``: D's queue equals P's, message by message and by digest (by
   digest and depth when D's replica is read-only, as a full one is);
 * ``wiring``: the queue is at D and empty; ``none``: absent at D.
@@ -33,11 +35,21 @@ IN_DOUBT = "in-doubt"  # sent, never settled: the broker may or may not hold it
 @dataclass(slots=True)
 class Delivery:
     """One message a consumer received: on connection ``conn``, which broke
-    (``conn_broken``) or ended as planned."""
+    (``conn_broken``) or ended as planned; ``accepted`` when the consumer
+    accepted it on an open connection; ``redelivered`` as the broker marked
+    it (a delivery count above 0)."""
 
     message_id: str
     conn: int
     conn_broken: bool
+    accepted: bool = True
+    redelivered: bool = False
+
+    @property
+    def settled(self) -> bool:
+        """Its accept surely reached the broker: the connection closed cleanly
+        after it (a broker applies what it received before a close)."""
+        return self.accepted and not self.conn_broken
 
 
 @dataclass(slots=True)
@@ -111,17 +123,24 @@ def _check_copy(deliveries: list[Delivery], final: list[str], accepted: list[str
         if earlier is None:
             first[d.message_id] = d
             order.append(d.message_id)
-        elif earlier.conn == d.conn or not earlier.conn_broken:
+        elif earlier.conn == d.conn or earlier.settled:
             problems.append(
                 f"{d.message_id} delivered twice (connections {earlier.conn} and {d.conn}, "
                 f"the first {'broken' if earlier.conn_broken else 'closed cleanly'})"
             )
+        elif not d.redelivered:
+            problems.append(
+                f"{d.message_id} delivered again (connection {d.conn}) without the "
+                f"redelivered mark after connection {earlier.conn} left it unsettled"
+            )
+        else:
+            first[d.message_id] = d  # the receipt that counts from now on
     held = set()
     for i in final:
         if i in held:
             problems.append(f"{i} held twice")
         held.add(i)
-        if i in first and not first[i].conn_broken:
+        if i in first and first[i].settled:
             problems.append(f"{i} consumed (connection {first[i].conn}) and still held")
         if i not in first:
             order.append(i)

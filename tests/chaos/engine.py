@@ -246,7 +246,12 @@ class Clients:
             slot.next_seq = start + count if result is None else start + sent
         else:
             broken = result is None or bool(result.get("error"))
-            slot.deliveries += [Delivery(line["id"], slot.runs, broken) for line in seen]
+            slot.deliveries += [
+                Delivery(
+                    line["id"], slot.runs, broken, line.get("accepted", True), line["redelivered"]
+                )
+                for line in seen
+            ]
             if slot.site is self.two.p:
                 slot.not_before = time.monotonic() + P_CONSUME_PAUSE_S
 

@@ -26,11 +26,6 @@ def test_a_fixed_seed_schedule_of_30_faults_loses_nothing_and_applies_nothing_tw
     assert report.accepted > 0
 
 
-@pytest.mark.skip(
-    reason="open finding (docs/chaos.md, Findings): D's enqueue consumer gets accepted messages "
-    "again when a D broker restarts or D resyncs while it reads (seed 21, 200 faults); "
-    "a fresh seed may hit it: enable once fixed"
-)
 def test_a_fresh_seed_loses_nothing_and_applies_nothing_twice(tmp_path: Path) -> None:
     seed = random.SystemRandom().randrange(1 << 31)
     print(f"chaos: fresh seed {seed} (make chaos SEED={seed} FAULTS={CI_FAULTS} replays it)")

@@ -36,10 +36,28 @@ def test_a_message_applied_twice_at_d_is_named() -> None:
 
 
 def test_a_redelivery_after_a_broken_connection_is_allowed_and_within_one_is_not() -> None:
-    broken = [Delivery("q-1", 1, True), Delivery("q-2", 1, True), Delivery("q-2", 2, False)]
+    again = Delivery("q-2", 2, False, redelivered=True)
+    broken = [Delivery("q-1", 1, True), Delivery("q-2", 1, True), again]
     assert check([enq(d_deliveries=broken)]) == []
     twice = [Delivery("q-1", 1, False), Delivery("q-2", 1, False), Delivery("q-2", 1, False)]
     assert check([enq(d_deliveries=twice)])[0].startswith("q at D: q-2 delivered twice")
+
+
+def test_a_message_seen_after_its_consumer_closed_may_come_again_marked_redelivered() -> None:
+    # tests/chaos seed 2024: transfers that crossed the consumer's close.
+    unaccepted = Delivery("q-2", 1, False, accepted=False)
+    again = Delivery("q-2", 2, False, redelivered=True)
+    assert check([enq(d_deliveries=[Delivery("q-1", 1, False), unaccepted, again])]) == []
+    unmarked = Delivery("q-2", 2, False)
+    problems = check([enq(d_deliveries=[Delivery("q-1", 1, False), unaccepted, unmarked])])
+    assert problems == [
+        "q at D: q-2 delivered again (connection 2) without the redelivered mark after "
+        "connection 1 left it unsettled"
+    ]
+    # Accepted, then seen again: twice, whatever the mark says.
+    accepted = Delivery("q-2", 1, False)
+    problems = check([enq(d_deliveries=[Delivery("q-1", 1, False), accepted, again])])
+    assert problems[0].startswith("q at D: q-2 delivered twice")
 
 
 def test_out_of_order_and_never_accepted_are_named() -> None:
