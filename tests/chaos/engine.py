@@ -234,9 +234,9 @@ class Clients:
         if result is None or result.get("error"):
             # Its broker is down or the site not live yet: do not spin.
             slot.not_before = time.monotonic() + FAILED_CLIENT_PAUSE_S
-        lines = slot.record.read_text().splitlines() if slot.record.exists() else []
-        seen = [json.loads(line) for line in lines]
         if slot.op == "publish":
+            lines = slot.record.read_text().splitlines() if slot.record.exists() else []
+            seen = [json.loads(line) for line in lines]
             start, count = slot.batch
             sent = count if result is None else int(result["sent"])
             for n in range(start, start + sent):
@@ -246,14 +246,18 @@ class Clients:
             slot.next_seq = start + count if result is None else start + sent
         else:
             broken = result is None or bool(result.get("error"))
-            slot.deliveries += [
-                Delivery(
-                    line["id"], slot.runs, broken, line.get("accepted", True), line["redelivered"]
-                )
-                for line in seen
-            ]
+            slot.deliveries += deliveries(slot.record, slot.runs, broken=broken)
             if slot.site is self.two.p:
                 slot.not_before = time.monotonic() + P_CONSUME_PAUSE_S
+
+
+def deliveries(record: Path, conn: int, *, broken: bool) -> list[Delivery]:
+    """What a consumer's ``--record`` file says it received on connection ``conn``."""
+    lines = record.read_text().splitlines() if record.exists() else []
+    return [
+        Delivery(d["id"], conn, broken, d.get("accepted", True), d["redelivered"])
+        for d in map(json.loads, lines)
+    ]
 
 
 class ChaosRun:
@@ -454,14 +458,13 @@ class ChaosRun:
     def _check(self, clients: Clients) -> None:
         two = self.two
         for queue in D_CONSUMED:  # D's consumer takes what is left
+            record = clients.records / f"final-{queue}.jsonl"
             done = two.d.client(
                 1, "consume", two.d.amqp[1], queue, "--idle", "5", "--credit", "200",
-                "--record", str(clients.records / f"final-{queue}.jsonl"),
+                "--record", str(record),
             )  # fmt: skip
             slot = next(s for s in clients.slots if s.name == f"dcon-{queue}")
-            slot.deliveries += [
-                Delivery(i, 10**6, bool(done.get("error"))) for i in done.get("ids", [])
-            ]
+            slot.deliveries += deliveries(record, 10**6, broken=bool(done.get("error")))
         # D first: P's holding consumer acquires, and P replicates that to D.
         d_held, d_digest, d_depth = self._held(two.d)
         p_held, p_digest, _ = self._held(two.p)
