@@ -3,8 +3,48 @@ always stops it, also when starting failed halfway."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from types import TracebackType
 from typing import Self
+
+
+class MountError(RuntimeError):
+    """A tmpfs could not be mounted (this machine, or this user, cannot)."""
+
+
+@contextmanager
+def tmpfs(path: Path, *, size_bytes: int) -> Iterator[Path]:
+    """A tmpfs of ``size_bytes`` mounted on ``path`` (created), unmounted on
+    exit (a small disk to fill up); :class:`MountError` when it cannot be
+    mounted (it needs root).  Stop the processes that use it before leaving."""
+    path.mkdir(parents=True, exist_ok=True)
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(path)]
+    done = subprocess.run(mount, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise MountError(f"cannot mount a tmpfs on {path} (needs root): {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], capture_output=True, text=True, check=True)
+
+
+def fill(disk: Path, name: str = "filler") -> Path:
+    """Take every free byte of the filesystem at ``disk`` with one file (a
+    disk that fills up); delete the file it returns to free them again."""
+    filler = disk / name
+    stat = os.statvfs(disk)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        free = stat.f_bavail * stat.f_frsize
+        if free:
+            os.posix_fallocate(fd, 0, free)
+    finally:
+        os.close(fd)
+    return filler
 
 
 class Started:

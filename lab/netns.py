@@ -334,6 +334,24 @@ class CorosyncSite(Started):
         self.root_address = address
         return address
 
+    def kill_corosync(self, nodeid: int) -> None:
+        """kill -9 the node's corosync (a crash: its clients lose the bus)."""
+        node = self.node(nodeid)
+        if node.process is None or node.process.poll() is not None:
+            return
+        node.process.kill()
+        node.process.wait(timeout=STOP_GRACE_S)
+
+    def start_corosync(self, nodeid: int, *, timeout: float = MEMBERSHIP_TIMEOUT_S) -> None:
+        """Start the node's corosync again (after :meth:`kill_corosync`) and
+        wait until every node sees every node."""
+        node = self.node(nodeid)
+        if node.process is not None and node.process.poll() is None:
+            raise LabError(f"corosync on {node.netns} is running (pid {node.process.pid})")
+        self._start_corosync(node)
+        self.save_state()
+        self.wait_membership(timeout=timeout)
+
     def cut(self, nodeid: int) -> None:
         """Take the node's bridge port down: it can no longer reach any other node."""
         _run(["ip", "-n", self.bridge_netns, "link", "set", self.node(nodeid).port, "down"])

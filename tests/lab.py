@@ -21,12 +21,13 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from lab.lifetime import MountError, tmpfs
 from lab.netns import CorosyncSite, lab_unavailable_reason, list_netns
 
 if TYPE_CHECKING:
@@ -87,21 +88,16 @@ def corosync_lab(name: str, *, subnet: str, prefix: str, nodes: int = 3) -> Iter
 
 @contextmanager
 def mounted_tmpfs(path: Path, *, size_bytes: int) -> Iterator[Path]:
-    """A tmpfs of ``size_bytes`` mounted on ``path`` (created), unmounted on
-    exit; skips (locally) or fails (in CI) when this machine cannot mount one.
-    Stop the processes that use it before leaving the block."""
-    path.mkdir(parents=True, exist_ok=True)
-    mount = ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(path)]
-    done = subprocess.run(mount, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        reason = f"cannot mount a tmpfs on {path} (needs root): {done.stderr.strip()}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the disk-full test must run in CI: {reason}")
-        pytest.skip(reason)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], capture_output=True, text=True, check=True)
+    """:func:`lab.lifetime.tmpfs`, skipping (locally) or failing (in CI) when
+    this machine cannot mount one."""
+    with ExitStack() as stack:
+        try:
+            disk = stack.enter_context(tmpfs(path, size_bytes=size_bytes))
+        except MountError as exc:
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"the disk-full test must run in CI: {exc}")
+            pytest.skip(str(exc))
+        yield disk
 
 
 def wait_for(what: str, check: Callable[[], bool], *, timeout: float = DEADLINE_S) -> float:

@@ -12,7 +12,8 @@ mode, and ``q-switch``, whose mode the rules file decides); clients
 (``lab.client`` processes, ``--record``) publish durable messages to every
 queue at P and consume at P and, for ``enqueue``, at D, started again each
 time one ends (a broker killed under it, or its batch done); the schedule's
-steps run in order, late when a restart takes longer than planned.  Then
+steps run in order, late when a restart takes longer than planned (each
+sidecar's spool on a small tmpfs of its own when the schedule fills one).  Then
 quiescence: the WAN restored, the rules back, every process up (one that
 died without a fault is a finding), the clients stopped, the links drained
 and the full replicas equal; D's enqueue queue drained by its consumer; the
@@ -29,14 +30,17 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab.lifetime import fill, tmpfs
 from lab.netns import list_netns
 from lab.site import BrokerSite, SiteError, TwoSites, finish_client
 from tests.chaos import schedule as sch
 from tests.chaos.checker import ACCEPTED, IN_DOUBT, Delivery, QueueRecord, check
+from tests.lab import queues, status, wait_for
 
 # Queue -> its mode at D (``q-switch``: the rules file's, full at the start
 # and at the end, enqueue during a rules-switch fault).
@@ -61,6 +65,11 @@ SUPERVISE_TICK_S = 0.1
 CLIENT_HANG_S = 45.0
 FAILED_CLIENT_PAUSE_S = 1.0  # before a client that failed is started again
 QUIESCE_TIMEOUT_S = 300.0
+# A broker or sidecar whose corosync died must have exited within this long.
+BUS_LOSS_EXIT_S = 20.0
+# Each sidecar's spool disk when the schedule fills one: far more than a run
+# spools, so only the fault fills it.
+SPOOL_DISK_BYTES = 64 << 20
 CLIENT_STOP_TIMEOUT_S = 60.0
 RULES = """\
 version: 1
@@ -147,6 +156,7 @@ class Clients:
         self.slots += [ClientSlot(f"pcon-{q}", two.p, q, "consume") for q in P_CONSUMED]
         self.slots += [ClientSlot(f"dcon-{q}", two.d, q, "consume") for q in D_CONSUMED]
         self.stopping = threading.Event()
+        self.failed = threading.Event()  # set with ``failure``
         self.failure = ""
         self.hung: list[str] = []  # clients killed after CLIENT_HANG_S
         self.thread = threading.Thread(target=self._serve, name="chaos-clients", daemon=True)
@@ -173,6 +183,7 @@ class Clients:
                 self.stopping.wait(SUPERVISE_TICK_S)
         except Exception as exc:  # reported by the run, never lost with the thread
             self.failure = f"client supervisor failed: {exc!r}"
+            self.failed.set()
 
     def _tend(self, slot: ClientSlot) -> bool:
         """Collect a finished client, start the next; whether one still runs."""
@@ -274,6 +285,7 @@ class ChaosRun:
         self.report = ChaosReport(options, self.schedule)
         self.began = time.monotonic()
         self.killed: set[tuple[str, str]] = set()  # (cluster, process) the schedule has down
+        self.disks: dict[tuple[str, int], Path] = {}  # the spools' disks (spool-full)
 
     def log(self, text: str) -> None:
         line = f"{time.monotonic() - self.began:7.2f}s {text}"
@@ -300,7 +312,10 @@ class ChaosRun:
         self.two = two
         clients: Clients | None = None
         try:
-            with two:
+            with ExitStack() as stack:
+                # The disks first: unmounted after the sites stop.
+                self.disks = self._spool_disks(stack, workdir / "disks")
+                stack.enter_context(two)
                 self._declare()
                 clients = Clients(
                     two,
@@ -310,7 +325,7 @@ class ChaosRun:
                 )
                 clients.start()
                 self.log("clients started")
-                self._run_schedule()
+                self._run_schedule(clients)
                 self._quiesce(clients)
                 self._check(clients)
         except Exception as exc:
@@ -320,6 +335,20 @@ class ChaosRun:
             self.report.run_s = time.monotonic() - self.began
         return self.report
 
+    def _spool_disks(self, stack: ExitStack, where: Path) -> dict[tuple[str, int], Path]:
+        """Every sidecar's spool on a small tmpfs of its own when the schedule
+        fills one (``spool-full``): (cluster, node) -> the disk."""
+        if not any(f.kind == "spool-full" for f in self.schedule):
+            return {}
+        disks = {}
+        for site in (self.two.p, self.two.d):
+            for n in self.two.nodes:
+                disk = where / f"{site.cluster}-{n}"
+                stack.enter_context(tmpfs(disk, size_bytes=SPOOL_DISK_BYTES))
+                disks[(site.cluster, n)] = disk
+                self.two.spool_dirs[(site.cluster, n)] = disk / "spool"
+        return disks
+
     def _declare(self) -> None:
         for queue, mode in QUEUES.items():
             args = ["--replicate", mode] if queue != "q-switch" else []
@@ -327,12 +356,14 @@ class ChaosRun:
             if done.returncode != 0:
                 raise SiteError(f"add-queue {queue} failed: {done.stderr}")
 
-    def _run_schedule(self) -> None:
+    def _run_schedule(self, clients: Clients) -> None:
         start = time.monotonic()
         for step in sch.steps(self.schedule):
-            delay = start + step.at_s - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)  # the schedule's own clock
+            # The schedule's own clock; a failed client supervisor ends the
+            # run early (its records would no longer cover the run).
+            if clients.failed.wait(max(0.0, start + step.at_s - time.monotonic())):
+                self.log("schedule stopped: the client supervisor failed")
+                return
             self.log(f"{step.action} {step.fault.describe()}")
             try:
                 self._apply(step)
@@ -369,8 +400,42 @@ class ChaosRun:
             (lab.cut if begin else lab.restore)(int(which))
         elif fault.kind == "rules-switch":
             self._write_rules("enqueue" if begin else "full")
+        elif fault.kind == "spool-full":
+            disk = self.disks[(two.p if where == "p" else two.d).cluster, int(which)]
+            if begin:
+                fill(disk)
+            else:
+                (disk / "filler").unlink()
+        elif fault.kind == "kill-corosync":
+            self._corosync(two.p if where == "p" else two.d, int(which), begin)
         else:
             raise SiteError(f"unknown fault kind {fault.kind}")
+
+    def _corosync(self, site: BrokerSite, n: int, begin: bool) -> None:
+        """kill -9 node ``n``'s corosync: its broker and sidecar lose the bus
+        and must exit on their own (a process that hangs on is a finding);
+        at the end corosync, then they, start again, as systemd would."""
+        lab = site.corosync
+        assert lab is not None
+        names = [f"broker-{n}", f"sidecar-{n}"]
+        if not begin:
+            lab.start_corosync(n)
+            site.start_broker(n)
+            self.two.start_sidecar(site, n)
+            self.killed -= {(site.cluster, name) for name in names}
+            return
+        self.killed |= {(site.cluster, name) for name in names}
+        lab.kill_corosync(n)
+        for name in names:
+            proc = site.procs[name]
+            try:
+                proc.popen.wait(timeout=BUS_LOSS_EXIT_S)
+            except subprocess.TimeoutExpired:
+                self.problem(
+                    f"{site.cluster} {name} still runs {BUS_LOSS_EXIT_S:.0f} s after its "
+                    f"corosync died; log: {proc.log_path}"
+                )
+                site.kill(name, signal.SIGKILL)
 
     def _kill(self, site: BrokerSite, names: list[str]) -> None:
         for name in names:
@@ -407,14 +472,17 @@ class ChaosRun:
         for hung in clients.hung:
             self.problem(f"client {hung} did not end in {CLIENT_HANG_S:.0f} s")
         self.log("clients stopped; waiting for the links to drain")
-        deadline = time.monotonic() + QUIESCE_TIMEOUT_S
-        settled = 0
-        while settled < 3:
-            if time.monotonic() > deadline:
-                self.problem(f"the sites did not converge in {QUIESCE_TIMEOUT_S:.0f} s")
-                return
-            settled = settled + 1 if self._drained() else 0
-            time.sleep(1.0)  # polling other processes: no event to await
+        in_a_row = [0]
+
+        def settled() -> bool:  # drained at three looks in a row
+            in_a_row[0] = in_a_row[0] + 1 if self._drained() else 0
+            return in_a_row[0] >= 3
+
+        try:
+            wait_for("the sites converge", settled, timeout=QUIESCE_TIMEOUT_S)
+        except AssertionError:
+            self.problem(f"the sites did not converge in {QUIESCE_TIMEOUT_S:.0f} s")
+            return
         self.log("links drained, full replicas equal")
 
     def _revive(self, site: BrokerSite) -> None:
@@ -436,8 +504,6 @@ class ChaosRun:
         self.killed = {k for k in self.killed if k[0] != site.cluster}
 
     def _drained(self) -> bool:
-        from tests.lab import queues, status
-
         two = self.two
         try:
             for n in two.nodes:
@@ -496,8 +562,6 @@ class ChaosRun:
         """Each queue's messages at ``site`` (node 1), in order, read by a
         consumer that settles nothing, and its digest; a read-only replica
         (full, at D) is not read: its depth instead."""
-        from tests.lab import queues
-
         described = queues(site.describe(1))
         held: dict[str, list[str]] = {}
         replicas: dict[str, int] = {}

@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 A fault occupies a *resource* from its start to its end: a site's nodes
-(``p-nodes``, ``d-nodes``: a sidecar or broker killed and restarted, or the
-whole site restarted), one WAN emulator (``wan-N``, or every one for a fault
+(``p-nodes``, ``d-nodes``: a sidecar, broker or corosync killed and
+restarted, a node cut off, a sidecar's spool disk full, or the whole site
+restarted), one WAN emulator (``wan-N``, or every one for a fault
 on the whole WAN), the rules file.  Two faults on one resource never overlap,
 so at most one node of a site is down at a time, the loss drgate claims to
 survive; faults on different resources overlap freely (a broker of P killed
@@ -35,10 +36,13 @@ WEIGHTS: dict[str, int] = {
     "wan-bandwidth": 2,  # a rate cap
     "wan-delay": 2,  # delay and jitter
     "rules-switch": 2,  # the rules file switches q-switch from full to enqueue and back
+    "spool-full": 2,  # a sidecar's spool disk (a small tmpfs) filled up, then freed
 }
 # On the corosync bus a node can also be cut off from its site's others (its
-# bridge port down: a minority of one, its link to the other site gone too).
-COROSYNC_WEIGHTS: dict[str, int] = {**WEIGHTS, "partition-node": 3}
+# bridge port down: a minority of one, its link to the other site gone too),
+# and its corosync can crash (kill -9; the node's broker and sidecar lose
+# the bus and exit, and are started again after it, as systemd would).
+COROSYNC_WEIGHTS: dict[str, int] = {**WEIGHTS, "partition-node": 3, "kill-corosync": 2}
 # How long each kind lasts (seconds, uniform in the range).
 DURATION_S: dict[str, tuple[float, float]] = {
     "kill-sidecar": (0.5, 4.0),
@@ -51,9 +55,15 @@ DURATION_S: dict[str, tuple[float, float]] = {
     "wan-delay": (2.0, 8.0),
     "rules-switch": (2.0, 8.0),
     "partition-node": (1.0, 6.0),
+    "kill-corosync": (0.5, 4.0),
+    "spool-full": (1.0, 6.0),
 }
 # Mean gap between the starts of two faults: overlaps are the rule.
 MEAN_GAP_S = 1.5
+# Faults on one node (``p:2``): they take the site's nodes resource.
+NODE_KINDS = frozenset(
+    {"kill-sidecar", "kill-broker", "partition-node", "kill-corosync", "spool-full"}
+)
 SITES = ("p", "d")
 
 
@@ -132,7 +142,7 @@ def make_schedule(
 
 
 def _target(rng: random.Random, kind: str, nodes: int) -> str:
-    if kind in ("kill-sidecar", "kill-broker", "partition-node"):
+    if kind in NODE_KINDS:
         return f"{rng.choice(SITES)}:{rng.randint(1, nodes)}"
     if kind == "restart-site":
         return rng.choice(SITES)

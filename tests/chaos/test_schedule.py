@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 
-from tests.chaos.schedule import WEIGHTS, make_schedule, steps
+from tests.chaos.schedule import COROSYNC_WEIGHTS, WEIGHTS, make_schedule, steps
 
 
 def test_a_seed_gives_one_schedule_and_another_seed_another() -> None:
@@ -38,3 +38,13 @@ def test_an_end_comes_before_the_next_begin_on_its_resource() -> None:
         else:
             held -= resources
     assert not held
+
+
+def test_the_corosync_schedule_also_crashes_corosync_and_cuts_nodes_off() -> None:
+    schedule = make_schedule(5, 300, weights=COROSYNC_WEIGHTS)
+    assert {f.kind for f in schedule} == set(COROSYNC_WEIGHTS)
+    for fault in schedule:
+        if fault.kind in ("kill-corosync", "partition-node", "spool-full"):
+            site, _, node = fault.target.partition(":")
+            assert site in ("p", "d") and 1 <= int(node) <= 3, fault
+            assert fault.resources(3) == [f"{site}-nodes"]
