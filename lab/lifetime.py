@@ -3,6 +3,7 @@ always stops it, also when starting failed halfway."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 from collections.abc import Iterator
@@ -10,6 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+
+# fill(): how often it measures the free space again when another writer
+# took some of it between the measure and the allocation.
+FILL_TRIES = 50
 
 
 class MountError(RuntimeError):
@@ -36,12 +41,21 @@ def fill(disk: Path, name: str = "filler") -> Path:
     """Take every free byte of the filesystem at ``disk`` with one file (a
     disk that fills up); delete the file it returns to free them again."""
     filler = disk / name
-    stat = os.statvfs(disk)
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
     try:
-        free = stat.f_bavail * stat.f_frsize
-        if free:
-            os.posix_fallocate(fd, 0, free)
+        size = os.fstat(fd).st_size
+        for _ in range(FILL_TRIES):
+            stat = os.statvfs(disk)
+            free = stat.f_bavail * stat.f_frsize
+            if not free:
+                break
+            try:
+                os.posix_fallocate(fd, size, free)
+            except OSError as exc:  # another writer took some meanwhile: again
+                if exc.errno != errno.ENOSPC:
+                    raise
+                continue
+            size += free
     finally:
         os.close(fd)
     return filler
