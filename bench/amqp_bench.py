@@ -24,6 +24,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -71,7 +72,9 @@ class Node:
         assert link.address is not None
         self.dispatch(link.address)
 
-    async def on_outcome(self, link: OutgoingLink, token: object, outcome: Outcome) -> None:
+    async def on_outcomes(
+        self, link: OutgoingLink, outcomes: Sequence[tuple[object, Outcome]]
+    ) -> None:
         pass
 
     async def on_link_closed(self, link: OutgoingLink | IncomingLink) -> None:

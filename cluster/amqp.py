@@ -39,7 +39,7 @@ import contextlib
 import itertools
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import proton
@@ -163,8 +163,12 @@ class AmqpHandler(Protocol):
         now available; ``link.drain`` says whether it asks for a drain)."""
         ...
 
-    async def on_outcome(self, link: OutgoingLink, token: object, outcome: Outcome) -> None:
-        """The client settled the message sent with ``token``."""
+    async def on_outcomes(
+        self, link: OutgoingLink, outcomes: Sequence[tuple[object, Outcome]]
+    ) -> None:
+        """The client settled the messages sent with these tokens, in this
+        order: every settlement on ``link`` that arrived together (one read
+        from the socket), so that the node can act on them as one."""
         ...
 
     async def on_link_closed(self, link: OutgoingLink | IncomingLink) -> None:
@@ -303,13 +307,18 @@ class OutgoingLink(_LinkBase):
     def send_nowait(self, message: Message, token: object) -> None:
         """``send`` without waiting: raises :class:`trio.WouldBlock` without
         credit, :class:`AmqpLinkClosedError` when closed."""
+        self.send_encoded_nowait(message.encode(), token)
+
+    def send_encoded_nowait(self, encoded: bytes, token: object) -> None:
+        """:meth:`send_nowait` of a message already encoded (its bytes go out
+        as they are: no decode and encode again)."""
         if self._closed:
             raise AmqpLinkClosedError(f"link {self.name!r} to {self.address!r} is closed")
         if self._sender.credit <= 0:
             raise trio.WouldBlock
         tag = str(next(self._tags))
         dlv = self._sender.delivery(tag)
-        self._sender.send(message.encode())
+        self._sender.send(encoded)
         self._sender.advance()
         if self.presettled:
             dlv.settle()
@@ -619,21 +628,45 @@ class AmqpConnection:
             raise _HandlerFailed from exc
 
     async def _process_events(self) -> None:
+        # Settlements in a row on one link go to the handler together; any
+        # other event first hands over those before it (order is kept).
+        batch: list[tuple[object, Outcome]] = []
+        batch_link: OutgoingLink | None = None
         while True:
+            settled: tuple[OutgoingLink, object, Outcome] | None = None
             if self._synthetic:
                 link, token = self._synthetic.pop(0)
-                await self._call(self._handler.on_outcome, link, token, ACCEPTED)
+                settled = (link, token, ACCEPTED)
+            else:
+                event = self._collector.peek()
+                if event is None:
+                    break
+                kind = event.type
+                # Resolve what the event refers to before popping it (pop frees it).
+                pn_link = event.link
+                pn_session = event.session
+                pn_delivery = event.delivery
+                self._collector.pop()
+                if kind == Event.DELIVERY and pn_delivery is not None and pn_link is not None:
+                    owner = self._links.get((pn_link.name, bool(pn_link.is_sender)))
+                    if isinstance(owner, OutgoingLink):
+                        outcome = self._outgoing_outcome(owner, pn_delivery)
+                        if outcome is None:
+                            continue
+                        settled = (owner, *outcome)
+            if settled is not None:
+                if batch_link is not settled[0] and batch_link is not None:
+                    await self._call(self._handler.on_outcomes, batch_link, batch)
+                    batch = []
+                batch_link = settled[0]
+                batch.append(settled[1:])
                 continue
-            event = self._collector.peek()
-            if event is None:
-                return
-            kind = event.type
-            # Resolve what the event refers to before popping it (pop frees it).
-            pn_link = event.link
-            pn_session = event.session
-            pn_delivery = event.delivery
-            self._collector.pop()
+            if batch_link is not None:
+                await self._call(self._handler.on_outcomes, batch_link, batch)
+                batch, batch_link = [], None
             await self._dispatch(kind, pn_session, pn_link, pn_delivery)
+        if batch_link is not None:
+            await self._call(self._handler.on_outcomes, batch_link, batch)
 
     async def _dispatch(
         self,
@@ -683,9 +716,7 @@ class AmqpConnection:
                 await self._call(self._handler.on_credit, flowed, pn_link.credit)
         elif kind == Event.DELIVERY and pn_delivery is not None and pn_link is not None:
             owner = self._links.get((pn_link.name, bool(pn_link.is_sender)))
-            if isinstance(owner, OutgoingLink):
-                await self._on_outgoing_delivery(owner, pn_delivery)
-            elif isinstance(owner, IncomingLink):
+            if isinstance(owner, IncomingLink):
                 await self._on_incoming_delivery(owner, pn_delivery)
             elif not pn_delivery.settled:
                 # A delivery on a link we already closed: free it.
@@ -729,19 +760,22 @@ class AmqpConnection:
                 # Credit that came with the attach.
                 await self._call(self._handler.on_credit, link, pn_link.credit)
 
-    async def _on_outgoing_delivery(self, link: OutgoingLink, dlv: Delivery) -> None:
+    def _outgoing_outcome(self, link: OutgoingLink, dlv: Delivery) -> tuple[object, Outcome] | None:
+        """The token and outcome of a delivery the client settled (settled
+        here too), or None for an update that settles nothing of ours."""
         raw = dlv.tag
         tag = raw.encode() if isinstance(raw, str) else bytes(raw)
         token = link._unsettled.get(tag, _MISSING)
         if token is _MISSING:
             if dlv.settled:
                 dlv.settle()
-            return
+            return None
         if dlv.remote_state in TERMINAL_STATES or dlv.settled:
             outcome = remote_outcome(dlv)
             del link._unsettled[tag]
             dlv.settle()
-            await self._call(self._handler.on_outcome, link, token, outcome)
+            return token, outcome
+        return None
 
     async def _on_incoming_delivery(self, link: IncomingLink, dlv: Delivery) -> None:
         if dlv.aborted:

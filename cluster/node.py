@@ -51,7 +51,6 @@ from cluster.amqp import (
     Outcome,
     OutgoingLink,
     Rejected,
-    Released,
     serve_amqp,
 )
 from cluster.amqpauth import AmqpSecurity, Principal
@@ -87,6 +86,9 @@ RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 # it, in memory): well below the RAM of a small broker VM, so a site that
 # consumers stopped draining refuses publishes instead of dying.
 DEFAULT_MAX_SITE_BYTES = 1024**3
+# How an encoded AMQP message begins: a described section (descriptor 0x00,
+# then a small or a full ulong code).
+_SECTION_STARTS = frozenset({b"\x00\x53", b"\x00\x80"})
 
 
 # A broker built without a config file (tests) listens on loopback only.
@@ -120,6 +122,35 @@ class _Consumer:
     id: int
     acquiring: int = 0  # requested in Acquire commands not yet applied
     unsettled: dict[int, int] = field(default_factory=dict)  # pos -> pos
+
+
+def _encoded(msg: Any) -> bytes:
+    """The AMQP message to send for stored message ``msg``: its body as
+    published (an encoded AMQP message: this broker and the origin site's
+    store what their publishers sent), with the header's delivery count
+    raised when it was delivered before.  A body that is not an encoded
+    message is sent as the body of one."""
+    body = bytes(msg.body)
+    if not msg.redelivered and body[:2] in _SECTION_STARTS:
+        return body
+    message = Message()
+    try:
+        message.decode(body)
+    except Exception:  # a body that is not an encoded AMQP message
+        message = Message(body=body)
+    if msg.redelivered:
+        message.delivery_count = max(1, message.delivery_count or 0)
+    return bytes(message.encode())
+
+
+def _settlement(outcome: Outcome) -> tuple[str, bool]:
+    """What a client's outcome does: ("accept", _) dequeues (a rejected
+    message is dropped too); ("release", redelivered) makes it available again."""
+    if isinstance(outcome, Accepted | Rejected):
+        return ("accept", False)
+    if isinstance(outcome, Modified):
+        return ("release", bool(outcome.delivery_failed))
+    return ("release", False)
 
 
 class BrokerNode(NullObserver):
@@ -319,14 +350,7 @@ class BrokerNode(NullObserver):
             self.member.post(pc.Release(consumer.queue, consumer.session, (msg.pos,), False))
             return
         try:
-            message = Message()
-            message.decode(bytes(msg.body))
-        except Exception:  # a body that is not an encoded AMQP message
-            message = Message(body=bytes(msg.body))
-        if msg.redelivered:
-            message.delivery_count = max(1, message.delivery_count or 0)
-        try:
-            consumer.link.send_nowait(message, msg.pos)
+            consumer.link.send_encoded_nowait(_encoded(msg), msg.pos)
             consumer.unsettled[msg.pos] = msg.pos
         except (trio.WouldBlock, DrgateError):
             # The client took its credit back, or left: give it back at once.
@@ -540,20 +564,40 @@ class BrokerNode(NullObserver):
             if link.drain and consumer.acquiring == 0:
                 link.drained()
 
-    async def on_outcome(self, link: OutgoingLink, token: object, outcome: Outcome) -> None:
+    async def on_outcomes(
+        self, link: OutgoingLink, outcomes: Sequence[tuple[object, Outcome]]
+    ) -> None:
         consumer = self._consumers.get(link)
-        if consumer is None or not isinstance(token, int):
+        if consumer is None:
             return
-        consumer.unsettled.pop(token, None)
-        if isinstance(outcome, Accepted | Rejected):
+        # One command per run of settlements of one kind, in order: a
+        # consumer's window of accepts is one Accept on the bus.
+        run: list[int] = []
+        run_kind: tuple[str, bool] | None = None
+        for token, outcome in outcomes:
+            if not isinstance(token, int):
+                continue
+            consumer.unsettled.pop(token, None)
+            kind = _settlement(outcome)
+            if kind != run_kind and run:
+                await self._submit_settlement(consumer, run_kind, run)
+                run = []
+            run_kind = kind
+            run.append(token)
+        if run:
+            await self._submit_settlement(consumer, run_kind, run)
+
+    async def _submit_settlement(
+        self, consumer: _Consumer, kind: tuple[str, bool] | None, positions: list[int]
+    ) -> None:
+        assert kind is not None
+        if kind[0] == "accept":
             # A rejected message is discarded (there is no dead-letter queue).
-            await self.member.submit(pc.Accept(consumer.queue, consumer.session, (token,)))
-        elif isinstance(outcome, Modified):
+            await self.member.submit(pc.Accept(consumer.queue, consumer.session, tuple(positions)))
+        else:
             await self.member.submit(
-                pc.Release(consumer.queue, consumer.session, (token,), outcome.delivery_failed)
+                pc.Release(consumer.queue, consumer.session, tuple(positions), kind[1])
             )
-        elif isinstance(outcome, Released):
-            await self.member.submit(pc.Release(consumer.queue, consumer.session, (token,), False))
 
     async def on_link_closed(self, link: OutgoingLink | IncomingLink) -> None:
         if isinstance(link, OutgoingLink):

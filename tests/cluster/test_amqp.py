@@ -11,7 +11,7 @@ import functools
 import socket
 import ssl
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,8 @@ import pytest
 import trio
 import trustme
 from proton import ConnectionException, Message, SSLDomain
-from proton.reactor import AtMostOnce, DynamicNodeProperties, LinkOption
+from proton.handlers import MessagingHandler
+from proton.reactor import AtMostOnce, Container, DynamicNodeProperties, LinkOption
 from proton.utils import BlockingConnection, LinkDetached, SendException
 
 from cluster import amqp
@@ -41,6 +42,7 @@ class MemoryHandler:
         self.consumers: dict[str, list[amqp.OutgoingLink]] = defaultdict(list)
         self.pending: list[amqp.InboundDelivery] = []
         self.outcomes: list[tuple[object, amqp.Outcome]] = []
+        self.batches: list[int] = []  # settlements per on_outcomes call
         self.attached: list[amqp.OutgoingLink | amqp.IncomingLink] = []
         self.closed_links: list[tuple[amqp.OutgoingLink | amqp.IncomingLink, list[object]]] = []
         self.closed_conns: list[amqp.AmqpConnection] = []
@@ -99,10 +101,11 @@ class MemoryHandler:
         self._dispatch(link.address)
         self._notify()
 
-    async def on_outcome(
-        self, link: amqp.OutgoingLink, token: object, outcome: amqp.Outcome
+    async def on_outcomes(
+        self, link: amqp.OutgoingLink, outcomes: Sequence[tuple[object, amqp.Outcome]]
     ) -> None:
-        self.outcomes.append((token, outcome))
+        self.outcomes += outcomes
+        self.batches.append(len(outcomes))
         self._notify()
 
     async def on_link_closed(self, link: amqp.OutgoingLink | amqp.IncomingLink) -> None:
@@ -321,6 +324,40 @@ async def test_client_outcomes_reach_the_handler() -> None:
             # the flags themselves are checked with the raw client below.
             assert outcomes[("q", "c")] == amqp.Modified()
             assert outcomes[("q", "d")] == amqp.ACCEPTED
+            nursery.cancel_scope.cancel()
+
+
+async def test_settlements_that_arrive_together_reach_the_handler_together() -> None:
+    # The node turns each call into one bus command: a consumer's window of
+    # accepts should be one Accept, not one per message.
+    n = 20
+    handler = MemoryHandler()
+    handler.queues["q"] = [f"m{i}" for i in range(n)]
+    with trio.fail_after(TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            port = await start_server(nursery, handler)
+
+            class AcceptAllAtOnce(MessagingHandler):  # type: ignore[misc]
+                def __init__(self) -> None:
+                    super().__init__(prefetch=n, auto_accept=False)
+                    self.held: list[proton.Delivery] = []
+
+                def on_start(self, event: proton.Event) -> None:
+                    conn = event.container.connect(f"127.0.0.1:{port}", reconnect=False)
+                    event.container.create_receiver(conn, "q")
+
+                def on_message(self, event: proton.Event) -> None:
+                    self.held.append(event.delivery)
+                    if len(self.held) == n:
+                        for delivery in self.held:  # one write carries them all
+                            self.accept(delivery)
+                        event.connection.close()
+
+            await in_thread(lambda: Container(AcceptAllAtOnce()).run())
+            await handler.wait_for(lambda: len(handler.outcomes) == n)
+            assert [o for _, o in handler.outcomes] == [amqp.ACCEPTED] * n
+            assert [t for t, _ in handler.outcomes] == [("q", f"m{i}") for i in range(n)]
+            assert max(handler.batches) > 1, handler.batches
             nursery.cancel_scope.cancel()
 
 
