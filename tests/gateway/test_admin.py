@@ -252,6 +252,9 @@ def test_a_refused_admin_request_exits_1_with_the_reason(site: Any) -> None:
     assert "Traceback" not in done.stderr
     assert "drgate admin:" in done.stderr
     assert "exchange 'amq.direct' is predeclared and cannot be deleted" in done.stderr
+    gone = site.admin(1, "del-queue", "nowhere")
+    assert gone.returncode == 1, gone.stdout
+    assert "cannot delete queue 'nowhere': no such queue" in gone.stderr
 
 
 @pytest.mark.integration
