@@ -57,6 +57,7 @@ from cluster.amqpauth import AmqpSecurity, Principal
 from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
 from cluster.durability import JournalSettings, NodeJournal
 from cluster.member import FORCE_HINT, BusOpener, NullObserver, SiteMember
+from cluster.state.machine import PROMOTE_HINT
 from cluster.state.model import SiteState
 from cluster.state.persistence import publish_persistent
 from cluster.statistics import BusSection, DonationSection, JournalSection, NodeStatistics
@@ -787,7 +788,8 @@ def read_only_refusal(state: SiteState, queue: str) -> tuple[str, str] | None:
     return (
         "amqp:not-allowed",
         f"queue {queue!r} is a read-only replica of site {origin!r} (mode full) "
-        "while replication is active; to use it here, promote this site (drgate promote)",
+        f"while replication is active; to use it here, promote this site over {origin!r} "
+        f"({PROMOTE_HINT})",
     )
 
 

@@ -31,6 +31,7 @@ from filters.yamldoc import (
     parse,
 )
 from gateway.capture import load_capture
+from gateway.linkconfig import LinkSettings, load_link_settings
 from gateway.sidecar import SidecarConfig
 from gateway.webconfig import load_web_config
 from protocol.errors import ConfigError, Location, Problem, RulesError
@@ -229,6 +230,7 @@ SIDECAR_KEYS_OPTIONAL = (
     "metrics",
     "capture",
     "zombie_guard",
+    "link",
 )
 # Which queues a primary refuses publishes to once D was promoted over it.
 ZOMBIE_GUARDS = ("full", "replicated", "off")
@@ -255,6 +257,8 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         metrics: 127.0.0.1:9464  # or {listen: ..., web_config: ...}
         tls: {cert: ..., key: ..., ca: ..., peer_names: [site-d]}
         zombie_guard: full       # full (default) | replicated | off
+        link: {ack_events: 256, ack_ms: 20, window_bytes: 8388608,
+               heartbeat_ms: 5000, heartbeat_timeout_ms: 15000}   # the defaults
 
     At D, ``listen: 0.0.0.0:7500`` instead of ``peers``.  The link runs
     mutual TLS: ``tls`` is required unless ``insecure: true`` (plaintext,
@@ -303,6 +307,7 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         )
     tls, peer_names = _load_link_security(root, fields, problems, path=path)
     capture = load_capture(fields["capture"], problems) if "capture" in fields else None
+    link = load_link_settings(fields["link"], problems) if "link" in fields else LinkSettings()
     zombie_guard = text_of("zombie_guard") or "full"
     if zombie_guard not in ZOMBIE_GUARDS:
         problems.error(
@@ -334,6 +339,7 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         metrics_web=metrics_web,
         capture=capture,
         zombie_guard=zombie_guard,
+        link=link,
     )
 
 

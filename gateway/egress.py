@@ -233,9 +233,9 @@ class Egress:
 
     async def _run(self, stream: trio.abc.Stream, address: str) -> None:
         sender = link.LinkSender(
-            link.SenderConfig(
-                origin_cluster=self.config.site,
-                target_cluster=self.config.peer_cluster,
+            self.config.link.sender_config(
+                self.config.site,
+                self.config.peer_cluster,
                 incarnation=self.member.state.incarnation,
                 epoch=self.tap.epoch,
             )

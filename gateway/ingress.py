@@ -203,7 +203,8 @@ class Ingress:
         self.status.state = "up"
         self.status.peer = hello.origin_cluster
         log.info("ingress: link up from %s, resuming after %d", hello.origin_cluster, resume)
-        return receiver.accept(resume, hello.window_bytes, trio.current_time()), True
+        window = min(hello.window_bytes, self.config.link.window_bytes)
+        return receiver.accept(resume, window, trio.current_time()), True
 
     def fence_reason(self, hello: link.Hello) -> tuple[int, str] | None:
         """Why a stream of ``hello``'s epoch and incarnation is refused: a
@@ -280,7 +281,7 @@ class _Connection:
         self.ingress = ingress
         self.peer = peer  # the remote address, for the logs
         self.receiver = link.LinkReceiver(
-            link.ReceiverConfig(cluster_id=ingress.config.site), now=trio.current_time()
+            ingress.config.link.receiver_config(ingress.config.site), now=trio.current_time()
         )
         self.to_apply_send, self.to_apply = trio.open_memory_channel[_Work](APPLY_QUEUE)
         self.acks = AckGate(ingress.durable, self._ack)

@@ -39,6 +39,7 @@ from filters.matcher import RuleSet
 from gateway.capture import CaptureConfig, CaptureSink, capture_role
 from gateway.egress import Connector, Egress
 from gateway.ingress import Ingress
+from gateway.linkconfig import DEFAULT_LINK_SETTINGS, LinkSettings
 from gateway.linkconnect import open_link
 from gateway.roles import RoleSignal, SidecarRole, active_sidecar, role_of
 from gateway.ruleswatch import POLL_S as RULES_POLL_S
@@ -91,6 +92,8 @@ class SidecarConfig:
     # P: which queues refuse publishes once D was promoted over this site
     # (gateway.config.ZOMBIE_GUARDS): full, replicated or off.
     zombie_guard: str = "full"
+    # The link's ack batching, window and heartbeat (the config's link: section).
+    link: LinkSettings = DEFAULT_LINK_SETTINGS
 
     @property
     def pinned_names(self) -> tuple[str, ...]:

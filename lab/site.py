@@ -504,7 +504,9 @@ class TwoSites(Started):
             lines.append(f"listen: {self.node_address(site, n)}:{port}")
         lines += self._link_security(site)
         if self.metrics:
-            lines.append(f"metrics: {self.node_address(site, n)}:0")
+            # A restarted sidecar keeps its port: a scraper keeps finding it.
+            port = self.metrics_port.get((site.cluster, n), 0)
+            lines.append(f"metrics: {self.node_address(site, n)}:{port}")
         if self.capture_dir is not None:
             lines.append(f"capture:\n  directory: {self.capture_dir / site.cluster}")
         path = site.workdir / f"sidecar-{n}.yaml"

@@ -170,11 +170,15 @@ def _refuse(
     eff.append(Refused(sender, ref, session, name, reason, CONDITIONS[reason], description))
 
 
+# How an operator promotes a site: the command, as the CLI parses it.
+PROMOTE_HINT = "drgate promote --config SIDECAR.yaml, on a node of this site"
+
+
 def _read_only_text(queue: str, origin: str, what: str) -> str:
     return (
         f"queue {queue!r} is a read-only replica of site {origin!r} (mode full) while "
         f"replication is active, so it cannot {what}; to use it here, promote this site "
-        f"(drgate promote {origin})"
+        f"over {origin!r} ({PROMOTE_HINT})"
     )
 
 

@@ -3,9 +3,9 @@
 The counterpart of Qpid's ``qpid-config``.  It talks AMQP 1.0 to a broker:
 requests go as JSON messages to the broker's ``$drgate.admin`` address and are
 settled once the change has come back on the site bus (so every broker has
-it); listings come from ``$drgate.queues``.  ``--replicate`` sets the Qpid
-queue arguments that the rules' ``from-args`` mode reads
-(:func:`protocol.modes.declare_args`).
+it); listings come from ``$drgate.queues``.  ``--replicate`` and
+``--generate-queue-events`` set the Qpid queue arguments that the rules'
+``from-args`` mode reads (:func:`replication_args`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,15 @@ from rich.table import Table
 
 from gateway.commands._users import configure_user, run_user
 from protocol.errors import DrgateError
-from protocol.modes import DURABLE_ARG, Mode, declare_args
+from protocol.modes import (
+    DURABLE_ARG,
+    EVENT_GENERATION_ARG,
+    EVENT_GENERATION_VALUES,
+    REPLICATE_ARG,
+    REPLICATE_VALUES,
+    Mode,
+    declare_args,
+)
 
 NAME = "admin"
 HELP = "declare, delete and list queues, exchanges and bindings (like qpid-config)"
@@ -31,6 +39,12 @@ PASSWORD_ENV = "DRGATE_PASSWORD"
 
 REPLICATE_ARGS: dict[str, dict[str, Any]] = {mode.label: declare_args(mode) for mode in Mode}
 """``--replicate`` label -> the queue arguments that ask for that mode."""
+REPLICATE_CHOICES = tuple(sorted(set(REPLICATE_ARGS) | set(REPLICATE_VALUES)))
+"""drgate's mode labels and qpid-config's ``qpid.replicate`` values (``none`` is both)."""
+REPLICATE_HELP = (
+    "full | enqueue | wiring | none (drgate's modes), or all | configuration | none "
+    "(qpid-config's values: qpid.replicate=VALUE)"
+)
 
 
 class AdminError(DrgateError):
@@ -53,7 +67,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="op", required=True, metavar="OP")
     add = sub.add_parser("add-queue", help="declare a queue")
     add.add_argument("name")
-    add.add_argument("--replicate", choices=sorted(REPLICATE_ARGS), help="replication mode")
+    add.add_argument("--replicate", choices=REPLICATE_CHOICES, metavar="MODE", help=REPLICATE_HELP)
+    add.add_argument(
+        "--generate-queue-events",
+        type=int,
+        choices=EVENT_GENERATION_VALUES,
+        metavar="N",
+        help="as qpid-config: 1 replicates enqueues (mode enqueue), 2 enqueues and dequeues "
+        "(mode full); sets qpid.queue_event_generation=N",
+    )
     add.add_argument("--max-depth", type=int, help="refuse publishes beyond this many messages")
     add.add_argument("--arg", action="append", default=[], metavar="K=V", help="queue argument")
     add.add_argument(
@@ -93,12 +115,36 @@ def _args(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def replication_args(replicate: str | None, events: int | None = None) -> dict[str, Any]:
+    """The queue arguments for ``--replicate`` and ``--generate-queue-events``.
+
+    A drgate mode gives :func:`protocol.modes.declare_args` of it; a Qpid
+    value (``all``, ``configuration``) gives ``qpid.replicate`` alone, as
+    qpid-config does; ``--generate-queue-events N`` adds
+    ``qpid.queue_event_generation=N``.  Raises :class:`AdminError` when the
+    two contradict (``--replicate full --generate-queue-events 1``)."""
+    arguments: dict[str, Any] = {}
+    if replicate in REPLICATE_ARGS:
+        arguments = dict(REPLICATE_ARGS[replicate])
+    elif replicate is not None:
+        arguments = {REPLICATE_ARG: replicate}
+    if events is not None:
+        implied = arguments.get(EVENT_GENERATION_ARG)
+        if implied is not None and implied != events:
+            raise AdminError(
+                f"--replicate {replicate} means {EVENT_GENERATION_ARG}={implied}, and "
+                f"--generate-queue-events {events} contradicts it: give one of them, or "
+                f"Qpid's spelling --replicate all --generate-queue-events {events}"
+            )
+        arguments[EVENT_GENERATION_ARG] = events
+    return arguments
+
+
 def request_for(args: argparse.Namespace) -> dict[str, Any]:
     request: dict[str, Any] = {"op": args.op, "name": args.name}
     if args.op == "add-queue":
         arguments = _args(args.arg)
-        if args.replicate:
-            arguments.update(REPLICATE_ARGS[args.replicate])
+        arguments.update(replication_args(args.replicate, args.generate_queue_events))
         if args.max_depth is not None:
             arguments["qpid.max_count"] = args.max_depth
         if args.durable:
@@ -165,14 +211,20 @@ def describe(url: str) -> dict[str, Any]:
         conn.close()
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.op == "user":
-        return run_user(args)
+def login(args: argparse.Namespace, what: str) -> None:
+    """Check ``--broker`` and take ``--user``'s password for the connections
+    to come; :class:`AdminError` naming ``what`` when no broker is given."""
     if not args.broker:
-        raise AdminError(f"{args.op} needs --broker URL, e.g. --broker amqp://127.0.0.1:5672")
+        raise AdminError(f"{what} needs --broker URL, e.g. --broker amqp://127.0.0.1:5672")
     if args.user:
         password = os.environ.get(PASSWORD_ENV) or getpass.getpass(f"password of {args.user}: ")
         _credentials.update(user=args.user, password=password)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.op == "user":
+        return run_user(args)
+    login(args, args.op)
     console = Console()
     if args.op == "queues":
         table = Table(title="queues")

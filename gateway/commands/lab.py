@@ -139,7 +139,10 @@ def _up(args: argparse.Namespace, state_path: Path) -> int:
                 console.print(
                     f"  status:  drgate lab status   (or drgate status --url ...: {status_urls[0]})"
                 )
-                console.print(f"  publish: drgate admin --broker {two.p.amqp[1]} list-queues")
+                console.print(f"  queues:  drgate admin --broker {two.p.amqp[1]} queues")
+                console.print(
+                    f"  publish: python -m lab.client publish {two.p.amqp[1]} q-full --count 100"
+                )
                 console.print("lab is up; Ctrl-C or `drgate lab down` stops it")
                 while True:
                     time.sleep(3600)  # until SIGTERM/Ctrl-C: the lab serves others

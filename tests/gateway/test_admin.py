@@ -252,6 +252,9 @@ def test_a_refused_admin_request_exits_1_with_the_reason(site: Any) -> None:
     assert "Traceback" not in done.stderr
     assert "drgate admin:" in done.stderr
     assert "exchange 'amq.direct' is predeclared and cannot be deleted" in done.stderr
+    gone = site.admin(1, "del-queue", "nowhere")
+    assert gone.returncode == 1, gone.stdout
+    assert "cannot delete queue 'nowhere': no such queue" in gone.stderr
 
 
 @pytest.mark.integration
@@ -272,3 +275,21 @@ def test_a_refusal_shows_the_brokers_reason(site: Any) -> None:
     with pytest.raises(AdminError) as caught:
         send_request(site.amqp[1], {"op": "frobnicate", "name": "q"})
     assert "unknown admin operation 'frobnicate'" in str(caught.value)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_replicate_changes_a_running_queues_arguments_on_every_node(site: Any) -> None:
+    assert site.admin(1, "add-queue", "audit", "--generate-queue-events", "1").returncode == 0
+    done = site.drgate(1, "replicate", "audit", "configuration", "--broker", site.amqp[1])
+    assert done.returncode == 0, done.stderr
+    assert "mode wiring" in done.stdout
+    for node in site.node_ids:
+        audit = next(q for q in site.describe(node)["queues"] if q["name"] == "audit")
+        assert audit["args"] == {
+            "qpid.queue_event_generation": 1,
+            "qpid.replicate": "configuration",
+        }
+    missing = site.drgate(2, "replicate", "nope", "all", "--broker", site.amqp[2])
+    assert missing.returncode == 1
+    assert f"{site.amqp[2]} has no queue 'nope'" in missing.stderr

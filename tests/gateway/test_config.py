@@ -17,6 +17,7 @@ from cluster.tls import TlsFiles
 from gateway.brokerconfig import load_broker_config
 from gateway.cli import main
 from gateway.config import load_sidecar_config
+from gateway.linkconfig import LinkSettings
 from gateway.sidecar import SidecarConfig
 from lab.site import LAB_RULES
 from protocol.errors import ConfigError
@@ -475,6 +476,7 @@ def test_valid_sidecar_config_builds_the_frozen_object(tmp_path: Path) -> None:
         "metrics_web": None,
         "capture": None,
         "zombie_guard": "full",
+        "link": LinkSettings(),
     }
     got = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "rules"}
     assert got == expected

@@ -3,6 +3,7 @@ with a virtual clock (no sockets, no bus)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,6 +16,7 @@ from cluster import state as st
 from cluster.bus import BusConfig
 from gateway import resync as rs
 from gateway.ingress import Ingress
+from gateway.linkconfig import LinkSettings
 from gateway.roles import SidecarRole
 from protocol import cluster as pc
 from protocol import link
@@ -362,3 +364,28 @@ def _forged_replicated(seq: int, inner: list[pc.Command]) -> bytes:
         kind, 0, len(key), len(body)
     )
     return header + key + body
+
+
+async def test_the_config_sets_the_acks_batching_and_caps_the_window(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    member = MemberStandIn("site-d")
+    config = sidecar_config(tmp_path, primary=False, site="site-d", peer="site-p")
+    settings = LinkSettings(ack_events=2, ack_ms=5_000, window_bytes=1 << 20)
+    ingress = Ingress(
+        dataclasses.replace(config, link=settings),
+        member,  # type: ignore[arg-type]
+        role=lambda: SidecarRole.INGRESS,
+        active=lambda: None,
+    )
+    async with connected(ingress) as end:
+        welcome = await hello(end)
+        assert welcome.window_bytes == 1 << 20  # P proposed the default 8 MiB
+        start = trio.current_time()
+        end.machine.send_event(link.LinkEvent(1, 1_000, replicated(1)))
+        end.machine.send_event(link.LinkEvent(2, 2_000, replicated(2)))
+        assert (await end.next_of(link.Acked)).seq == 2  # two events: at once
+        assert trio.current_time() - start < 1
+        end.machine.send_event(link.LinkEvent(3, 3_000, replicated(3)))
+        assert (await end.next_of(link.Acked)).seq == 3  # one: after ack_ms
+        assert trio.current_time() - start >= 5
