@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 No election messages exist: every sidecar of a site sees the same stream, so
-each computes the same answer to "which sidecar is active" — the lowest
-ready sidecar of the current view (:func:`active_sidecar`).  A sidecar's own
+each computes the same answer to "which sidecar is active" — the sidecar
+of the current view that has been ready longest (:func:`active_sidecar`).  A sidecar's own
 role (:func:`role_of`) follows from that, from whether the view is quorate
 and from the site it sits at (P: egress or standby; D: ingress or
 ingress-standby).  Roles change only at view changes and ``MemberReady``
@@ -36,15 +36,23 @@ class SidecarRole(StrEnum):
 
 
 def active_sidecar(state: SiteState, membership: Membership | None) -> MemberId | None:
-    """The active sidecar of the site: the lowest ready sidecar in the view."""
+    """The active sidecar of the site: of the ready sidecars in the view, the
+    one ready longest (``state.ready`` keeps the order of the ``MemberReady``
+    commands, the same at every member and through snapshots).
+
+    Longest, not lowest: a sidecar that restarts joins with an empty spool
+    from its join point on, and the events before it that D has not applied
+    are only in the spools of the sidecars that were there all along.  Were
+    it to take over again as soon as it is ready, its link would find D
+    behind its spool and resync, and a resync of an ``enqueue`` queue
+    cannot bring back what P's consumers took meanwhile (found by
+    tests/chaos)."""
     if membership is None:
         return None
-    sidecars = [
-        MemberId(node, pid)
-        for (node, pid), role in state.ready.items()
-        if role == Role.SIDECAR and MemberId(node, pid) in membership.members
-    ]
-    return min(sidecars, default=None)
+    for (node, pid), role in state.ready.items():
+        if role == Role.SIDECAR and MemberId(node, pid) in membership.members:
+            return MemberId(node, pid)
+    return None
 
 
 def role_of(
