@@ -157,6 +157,18 @@ class CorosyncSite(Started):
 
     def up(self, *, timeout: float = MEMBERSHIP_TIMEOUT_S) -> None:
         """Build the namespaces and links, start every corosync, wait for full membership."""
+        self.build_network()
+        for node in self.nodes:
+            node.run_dir.mkdir(parents=True, exist_ok=True)
+            node.config_path.write_text(self.corosync_conf(node))
+            self._start_corosync(node)
+        self.save_state()
+        self.wait_membership(timeout=timeout)
+
+    def build_network(self) -> None:
+        """The namespaces, the bridge and every node's link, and the site's
+        authkey; no corosync (:meth:`up` starts them; a walkthrough starts
+        its own, tests/deploy/test_walkthrough.py).  :meth:`down` undoes it."""
         reason = lab_unavailable_reason()
         if reason:
             raise LabError(reason)
@@ -174,12 +186,6 @@ class CorosyncSite(Started):
             _run(["ip", "-n", node.netns, "link", "set", "eth0", "up"])
             _run(["ip", "-n", self.bridge_netns, "link", "set", node.port, "master", "br0"])
             _run(["ip", "-n", self.bridge_netns, "link", "set", node.port, "up"])
-        for node in self.nodes:
-            node.run_dir.mkdir(parents=True, exist_ok=True)
-            node.config_path.write_text(self.corosync_conf(node))
-            self._start_corosync(node)
-        self.save_state()
-        self.wait_membership(timeout=timeout)
 
     @property
     def authkey_path(self) -> Path:
