@@ -152,3 +152,25 @@ def test_sysusers_and_tmpfiles_make_the_user_and_the_writable_directory(tmp_path
     assert (state.st_uid, state.st_mode & 0o777) == (uid, 0o750)
     config = (tmp_path / "etc/drgate").stat()
     assert (config.st_uid, config.st_mode & 0o777) == (0, 0o750)
+
+
+def test_the_labs_systemctl_reads_exec_start_as_systemd_does(tmp_path: Path) -> None:
+    """lab/units.py, the walkthrough's systemctl: ``%i``, ``$VAR`` alone (split
+    into words) and inside a word, EnvironmentFile with ``-``, time spans."""
+    env_file = tmp_path / "env"
+    env_file.write_text('# options\nOPTIONS="-a -b"\n')
+    unit_path = tmp_path / "x@.service"
+    unit_path.write_text(
+        "[Service]\n"
+        f"EnvironmentFile=-{tmp_path / 'missing'}\n"
+        f"EnvironmentFile={env_file}\n"
+        'Environment="DIR=/var/lib/x" ONE=1\n'
+        "ExecStart=/usr/bin/x --config /etc/x/%i.yaml $OPTIONS --dir=${DIR}/%i $NONE\n"
+        "TimeoutStopSec=1min 30s\n"
+    )
+    unit = UnitFile.read(unit_path)
+    argv = unit.exec_start(instance="a", env=unit.environment())
+    assert argv == ["/usr/bin/x", "--config", "/etc/x/a.yaml", "-a", "-b", "--dir=/var/lib/x/a"]
+    assert parse_seconds(unit.value("Service", "TimeoutStopSec")) == 90.0
+    assert parse_seconds("500ms") == 0.5
+    assert unit.value("Service", "Restart") is None
