@@ -7,8 +7,9 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 # Debian packages the tests need: corosync (libcpg4, libquorum5, libvotequorum8
 # come with it) for the real site bus, prometheus for promtool, and what
-# python-qpid-proton's source build needs (gcc, headers, libssl-dev for TLS).
-DEB_PKGS := corosync prometheus libssl-dev gcc python3-dev iproute2 procps
+# python-qpid-proton's source build needs (gcc, headers, libssl-dev for TLS);
+# systemd for systemd-analyze, -sysusers and -tmpfiles (tests/deploy, the units).
+DEB_PKGS := corosync prometheus libssl-dev gcc python3-dev iproute2 procps systemd
 PYTEST_ARGS ?=
 
 .PHONY: demo test check-fast fuzz lint typecheck pytest deb venv clean bench-resync bench-journal \

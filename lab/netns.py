@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.corosyncconf import RingNode, render_corosync_conf
 from lab.lifetime import Started
 
 # Corosync settings that form a 3-node membership in well under 2 s on the
@@ -156,6 +157,18 @@ class CorosyncSite(Started):
 
     def up(self, *, timeout: float = MEMBERSHIP_TIMEOUT_S) -> None:
         """Build the namespaces and links, start every corosync, wait for full membership."""
+        self.build_network()
+        for node in self.nodes:
+            node.run_dir.mkdir(parents=True, exist_ok=True)
+            node.config_path.write_text(self.corosync_conf(node))
+            self._start_corosync(node)
+        self.save_state()
+        self.wait_membership(timeout=timeout)
+
+    def build_network(self) -> None:
+        """The namespaces, the bridge and every node's link, and the site's
+        authkey; no corosync (:meth:`up` starts them; a walkthrough starts
+        its own, tests/deploy/test_walkthrough.py).  :meth:`down` undoes it."""
         reason = lab_unavailable_reason()
         if reason:
             raise LabError(reason)
@@ -173,12 +186,6 @@ class CorosyncSite(Started):
             _run(["ip", "-n", node.netns, "link", "set", "eth0", "up"])
             _run(["ip", "-n", self.bridge_netns, "link", "set", node.port, "master", "br0"])
             _run(["ip", "-n", self.bridge_netns, "link", "set", node.port, "up"])
-        for node in self.nodes:
-            node.run_dir.mkdir(parents=True, exist_ok=True)
-            node.config_path.write_text(self.corosync_conf(node))
-            self._start_corosync(node)
-        self.save_state()
-        self.wait_membership(timeout=timeout)
 
     @property
     def authkey_path(self) -> Path:
@@ -192,43 +199,23 @@ class CorosyncSite(Started):
         return ensure_key_file(self.authkey_path, AUTHKEY_BYTES)
 
     def corosync_conf(self, node: LabNode) -> str:
-        """The node's corosync.conf (one key per line: corosync's parser wants it).
+        """The node's corosync.conf, rendered as the shipped templates are
+        (lab/corosyncconf.py, deploy/corosync/), with the lab's token, the
+        node's own state directory and logs on stderr.
 
         knet encrypts and authenticates every packet with the site's authkey
         (:meth:`ensure_authkey`): a host on the ring's network that lacks the
         key can neither read the bus nor join it.  No ``uidgid`` entry: on a
         node only root's processes (the lab's) may join a CPG group."""
-        nodelist = "".join(
-            "    node {\n"
-            f"        ring0_addr: {n.address}\n"
-            f"        nodeid: {n.nodeid}\n"
-            f"        name: {self.prefix}n{n.nodeid}\n"
-            "    }\n"
-            for n in self.nodes
-        )
-        return (
-            "totem {\n"
-            "    version: 2\n"
-            f"    cluster_name: {self.name}\n"
-            "    transport: knet\n"
-            "    crypto_cipher: aes256\n"
-            "    crypto_hash: sha256\n"
-            f"    keyfile: {self.authkey_path}\n"
-            f"    token: {self.token_ms}\n"
-            "}\n"
-            f"nodelist {{\n{nodelist}}}\n"
-            "quorum {\n"
-            "    provider: corosync_votequorum\n"
-            "}\n"
-            "logging {\n"
-            "    to_stderr: yes\n"
-            "    to_syslog: no\n"
-            "    to_logfile: no\n"
-            "    timestamp: on\n"
-            "}\n"
-            "system {\n"
-            f"    state_dir: {node.directory}\n"
-            "}\n"
+        ring = [RingNode(n.nodeid, f"{self.prefix}n{n.nodeid}", n.address) for n in self.nodes]
+        return render_corosync_conf(
+            self.name,
+            ring,
+            keyfile=str(self.authkey_path),
+            token_ms=self.token_ms,
+            uidgid=None,
+            state_dir=str(node.directory),
+            log_to_stderr=True,
         )
 
     def _add_netns(self, name: str) -> None:
