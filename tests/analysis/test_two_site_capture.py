@@ -136,8 +136,11 @@ def test_real_run_audits_clean(spark: Any, captures: Path, tmp_path: Path) -> No
     assert violations.empty, violations.head(20).to_string()
     assert code == 0
     per_queue = pd.read_parquet(tables / "per_queue.parquet").set_index("queue")
-    # publishes on q-full and q-enq, the dequeues of q-full, declares: all applied once
-    assert per_queue.loc["q-full", "forwarded"] == PUBLISHED + CONSUMED + 1
+    # publishes on q-full and q-enq, the dequeues of q-full, declares: all
+    # applied once.  The broker turns the accepts that arrive together into
+    # one command, so the 40 dequeues are between 1 and 40 events.
+    dequeues = per_queue.loc["q-full", "forwarded"] - PUBLISHED - 1
+    assert 1 <= dequeues <= CONSUMED
     assert per_queue.loc["q-enq", "forwarded"] == PUBLISHED + 1
     assert (per_queue["forwarded"] == per_queue["applied"]).all()
     assert "q-none" not in per_queue.index
