@@ -459,6 +459,7 @@ class AmqpConnection:
         self.closed = False
         self.statistics_messages_in = 0
         self.statistics_messages_out = 0
+        self.statistics_pump_cycles = 0  # passes over the engine's events
 
     def __repr__(self) -> str:
         return f"AmqpConnection(id={self.id}, peer={self.peer!r})"
@@ -590,6 +591,14 @@ class AmqpConnection:
             # Output may have freed input capacity, and new events may wait.
             self._wake_pump()
 
+    def _has_output(self) -> bool:
+        """Bytes to write, or the end of the output to reach (the writer
+        finishes the connection then)."""
+        try:
+            return bool(self._transport.pending())
+        except proton.TransportException:
+            return True
+
     async def _timer_loop(self) -> None:
         while True:
             now = trio.current_time()
@@ -602,6 +611,7 @@ class AmqpConnection:
         while not self._done.is_set():
             await self._wake.wait()
             self._wake = trio.Event()
+            self.statistics_pump_cycles += 1
             try:
                 await self._process_events()
             except _HandlerFailed as exc:
@@ -615,7 +625,10 @@ class AmqpConnection:
                     "amqp:internal-error", "the broker failed handling this connection"
                 )
                 self._conn.close()
-            self._kick_writer()
+            # The writer wakes the pump after each pass: kicking it with
+            # nothing to write kept an idle connection spinning a core.
+            if self._has_output():
+                self._kick_writer()
             self._pumped.set()
             self._pumped = trio.Event()
 

@@ -361,6 +361,32 @@ async def test_settlements_that_arrive_together_reach_the_handler_together() -> 
             nursery.cancel_scope.cancel()
 
 
+async def test_an_idle_connection_does_not_spin() -> None:
+    # The pump kicked the writer after each pass and the writer woke the
+    # pump back even with nothing written: an idle consumer kept a broker's
+    # core busy (found profiling the D broker's delivery path).
+    handler = MemoryHandler()
+    handler.queues["q"] = []
+    with trio.fail_after(TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            port = await start_server(nursery, handler)
+            conn = await in_thread(
+                lambda: BlockingConnection(f"127.0.0.1:{port}", timeout=CLIENT_TIMEOUT_S)
+            )
+            try:
+                await in_thread(lambda: conn.create_receiver("q", credit=10))
+                await handler.wait_for(lambda: bool(handler.consumers["q"]))
+                link = handler.consumers["q"][0]
+                before = link.connection.statistics_pump_cycles
+                await trio.sleep(0.5)  # an observation window, not a wait for anything
+                cycles = link.connection.statistics_pump_cycles - before
+                # The timer loop wakes the pump now and then; a spin is thousands.
+                assert cycles < 50, f"{cycles} pump passes in 0.5 s on an idle connection"
+            finally:
+                await in_thread(conn.close)
+            nursery.cancel_scope.cancel()
+
+
 async def test_presettled_receiver_gets_accepted_outcomes_at_send() -> None:
     handler = MemoryHandler()
     handler.queues["q"] = ["x", "y"]
