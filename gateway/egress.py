@@ -86,6 +86,8 @@ class _Session:
     welcomed: bool = False
     last_queued: int = 0  # the highest seq handed to the sender
     resync: rs.SnapshotStream | None = None  # a resync being sent
+    # The durable watermark the next spooled event waits above (None: none waits).
+    held_at: int | None = None
 
 
 class Egress:
@@ -265,6 +267,7 @@ class Egress:
                     self.capture.forwarded_sent(sender, self._sender_stats)
                 deadline = sender.tick(trio.current_time())
                 if self._woken or self._has_more(session):
+                    await trio.lowlevel.checkpoint()  # others run between passes
                     continue
                 with trio.move_on_at(deadline if deadline is not None else now + IDLE_WAIT_S) as w:
                     self._waiting = w
@@ -288,8 +291,14 @@ class Egress:
         if session.resync is not None:
             waiting = session.resync.exhausted and self._durable_limit() < session.resync.plan.cut
             return session.sender.queued == 0 and not waiting
+        durable = self._durable_limit()
+        if session.held_at == durable:
+            # The next event lies above the watermark, whatever the spool's
+            # last: "more" here spun the loop without a checkpoint, and the
+            # applier that moves the watermark never ran (tests/chaos).
+            return False
         last = self._spool_now().last_seq  # not statistics(): this runs at every wake
-        return last is not None and min(last, self._durable_limit()) > session.last_queued
+        return last is not None and min(last, durable) > session.last_queued
 
     def _durable_limit(self) -> int:
         """The highest seq that may cross: with journaled brokers, the site's
@@ -303,9 +312,13 @@ class Egress:
             return
         spool = self._spool_now()
         durable = self._durable_limit()
+        session.held_at = None
         for seq, time_us, payload, prev_seq in spool.read_after(session.last_queued, REPLAY_BYTES):
             if seq > durable:
-                break  # not on any broker's disk yet: the primary could still lose it
+                # Not on any broker's disk yet: the primary could still lose
+                # it.  The Durable command that covers it wakes us.
+                session.held_at = durable
+                break
             session.sender.send_event(link.LinkEvent(seq, time_us, payload, prev_seq=prev_seq))
             if self.capture is not None:
                 self.capture.forwarded(session.sender, seq, payload)

@@ -11,6 +11,7 @@ import trio
 import trio.testing
 
 from cluster.addresses import Address
+from cluster.bus import BusConfig
 from gateway.egress import Egress
 from gateway.roles import RoleSignal, SidecarRole
 from gateway.spool import Spool
@@ -115,6 +116,27 @@ async def test_each_event_carries_its_spooled_prev_seq(
         await accept(d, 3)
         got = await d.next_of(link.EventsReceived)
         assert [(e.seq, e.prev_seq) for e in got.events] == [(7, 3), (9, 7)]
+
+
+async def test_an_event_above_the_durable_watermark_waits_for_it_without_spinning(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # tests/chaos: the spool's last event was above the site's durable
+    # watermark and the next one too; the loop took "more to send" for
+    # work, never yielded, and the watermark (moved by the applier) never
+    # moved: the first egress of a durable site streamed nothing.
+    site = Site(tmp_path, events=0)
+    site.member.bus_config = BusConfig("memory", "site", 1, expect_brokers=3)
+    site.spool.append_many([(3, 1, PAYLOAD, 0), (7, 2, PAYLOAD, 3), (9, 3, PAYLOAD, 7)])
+    site.member.state.durable_cseq = 5
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 3)
+        await d.pump_for(5)  # virtual time: it passes only if the egress yields
+        assert d.machine.statistics().events == 0
+        site.member.state.durable_cseq = 9
+        site.egress.wake()  # as the Durable command's hook does
+        assert await receive_through(d, 9) == [7, 9]
 
 
 async def test_a_full_window_waits_for_acks(

@@ -193,7 +193,11 @@ def test_counters_status_and_replayed_duplicates(two: TwoSites) -> None:
     for publisher in publishers:
         result = finish_client(publisher, timeout=60)
         assert result["rejected"] == 0 and result["error"] == "", result
-    consumed = two.p.client(2, "consume", two.p.amqp[2], "q-full", "--count", str(P), timeout=60)
+    # Credit 1: each accept arrives alone, so each is one event (the broker
+    # makes one command of the accepts that arrive together).
+    consumed = two.p.client(
+        2, "consume", two.p.amqp[2], "q-full", "--count", str(P), "--credit", "1", timeout=60
+    )
     assert consumed["received"] == P
     expected_lag = N + M + P  # events of the workload: publishes to full/enqueue, accepts
     wait_for(
