@@ -156,7 +156,8 @@ class Egress:
             address = str(peer)
             index += 1
             try:
-                self.status.state = "connecting"
+                # A refusal for good stays the link's state until a WELCOME.
+                self.status.state = "refused" if self._refusal else "connecting"
                 stream = await self._connect(peer)
                 self.status.peer = address
                 await self._run(stream, address)
@@ -189,7 +190,7 @@ class Egress:
         return refused
 
     def _ended(self) -> None:
-        self.status.state = "down"
+        self.status.state = "refused" if self._refusal else "down"
         self.status.resync.active = False  # an unfinished resync starts again from scratch
         self.status.reconnects += 1
         s, self._sender_stats = self._sender_stats, None

@@ -275,3 +275,29 @@ async def test_refused_as_stale_the_egress_turns_the_zombie_guard_on(
     assert superseded.by_cluster == "site-d"
     assert set(superseded.guarded) == {"q-full"}  # zombie_guard: full, the default
     assert "promoted" in site.egress.status.last_error
+
+
+async def test_a_refusal_for_good_shows_link_state_refused(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """docs/observability.md: refused while D refuses for good, through the
+    standbys' "not active" answers and the retries, until a WELCOME."""
+    site = Site(tmp_path, events=1)
+    async with running(site):
+        _, d = await site.next_link()
+        await d.next_of(link.Hello)
+        await d.stream.send_all(
+            d.machine.refuse(int(link.LinkErrorCode.STALE_EPOCH), "promoted", retriable=False)
+        )
+        _, d = await site.next_link()
+        assert site.egress.status.state == "refused"
+        assert site.egress.link_statistics().state == "refused"
+        await d.next_of(link.Hello)
+        await d.stream.send_all(
+            d.machine.refuse(int(link.LinkErrorCode.NOT_ACTIVE), "standby", retriable=True)
+        )
+        _, d = await site.next_link()
+        assert site.egress.status.state == "refused"
+        await accept(d, 1)
+        await d.pump_for(1)
+        assert site.egress.status.state == "up"
