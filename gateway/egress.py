@@ -120,6 +120,7 @@ class Egress:
         self.gaps = 0  # gaps D reported
         self._sender_stats: link.SenderStatistics | None = None
         self._last_watermark = -WATERMARK_INTERVAL_S
+        self._announced = 0  # the last watermark posted
         self._waiting: trio.CancelScope | None = None
         self._woken = False
 
@@ -264,7 +265,7 @@ class Egress:
                 self._sender_stats = sender.statistics()
                 if self.capture is not None:
                     self.capture.forwarded_sent(sender, self._sender_stats)
-                deadline = sender.tick(trio.current_time())
+                deadline = self._watermark_due(sender.tick(trio.current_time()))
                 if self._woken or self._has_more(session):
                     continue
                 with trio.move_on_at(deadline if deadline is not None else now + IDLE_WAIT_S) as w:
@@ -347,6 +348,9 @@ class Egress:
         self.status.state = "up"
         self._refusal = ""
         session.last_queued = ev.resume_from
+        # D applied up to resume_from: as good as an ack (a converged link
+        # may never carry another one).
+        self._acked_up_to(ev.resume_from)
         # D applied nothing of this incarnation (a new D, or one that accepted
         # a new incarnation), less than the spool reaches back to, or found a
         # gap in what the spool sent: a snapshot cut at our cseq.
@@ -363,8 +367,11 @@ class Egress:
                 resync.active = False
                 self._force_resync = False
                 log.info("egress: resync cut at %d applied by D", ev.seq)
-        self.acked_seq = ev.seq
-        self._spool_now().trim(ev.seq)
+        self._acked_up_to(ev.seq)
+
+    def _acked_up_to(self, seq: int) -> None:
+        self.acked_seq = seq
+        self._spool_now().trim(seq)
         self._announce_watermark()
 
     def _begin_resync(self, session: _Session, resume: int) -> int:
@@ -418,28 +425,43 @@ class Egress:
         progress.messages_done = stream.messages_done
 
     def _announce_watermark(self) -> None:
+        """Tell the standbys how far D acked: at most once a second, and the
+        last ack of a burst once that second has passed (:meth:`_watermark_due`)."""
         now = trio.current_time()
-        if now - self._last_watermark < WATERMARK_INTERVAL_S:
+        if self.acked_seq == self._announced or now - self._last_watermark < WATERMARK_INTERVAL_S:
             return
         self._last_watermark = now
+        self._announced = self.acked_seq
         state = self.member.state
         self.member.post(
             pc.AckWatermark(self.config.site, state.incarnation, self.acked_seq, _now_us())
         )
+
+    def _watermark_due(self, deadline: float | None) -> float | None:
+        """``deadline``, or sooner when an ack waits to be announced (which
+        this announces once it is due)."""
+        self._announce_watermark()
+        if self.acked_seq == self._announced:
+            return deadline
+        due = self._last_watermark + WATERMARK_INTERVAL_S
+        return due if deadline is None else min(deadline, due)
 
     # ------------------------------------------------------------------
 
     def link_statistics(self) -> LinkSection:
         """The ``link`` section of P's statistics."""
         spool = self._spool()
+        spooled = None if spool is None else spool.statistics()
+        # A standby's spool is trimmed by the active egress's watermarks.
+        acked = max(self.acked_seq, 0 if spooled is None else spooled.trimmed_upto)
         return egress_link_section(
             state=self.status.state,
             peer=self.status.peer,
             reconnects_total=self.status.reconnects,
             rtt_seconds=self.status.rtt,
-            acked_seq=self.acked_seq,
-            lag=lag(spool, self.acked_seq, time.time()),
-            spool=None if spool is None else spool.statistics(),
+            acked_seq=acked,
+            lag=lag(spool, acked, time.time()),
+            spool=spooled,
             sender=self._sender_stats,
             ended=self.status.ended,
             gaps_total=self.gaps,

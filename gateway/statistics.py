@@ -202,9 +202,12 @@ def egress_link_section(
     none is open), ``ended`` the summed counters of the connections that ended
     (keys ``bytes_sent_total``, ``bytes_sent_wire_total``, ``batches_sent_total``,
     ``events_sent_total``; a missing key is 0), so the totals never go back.
-    ``last_seq`` is the spool's (0 without one); ``lag`` is (events, seconds).
+    ``last_seq`` is the highest seq the spool covers (its last event, or its
+    floor when a resync cut or a join point lies above it; 0 without a
+    spool), so a converged link has ``acked_seq == last_seq``; ``lag`` is
+    (events, seconds).
     ``tls_refused`` counts TLS refusals by reason (``handshake``, ``peer_name``)."""
-    last = spool.last_seq if spool is not None and spool.last_seq is not None else 0
+    last = 0 if spool is None else spool.held_upto
     return LinkSection(
         state=state,
         peer=peer,

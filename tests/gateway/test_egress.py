@@ -91,7 +91,7 @@ async def test_streams_the_spool_after_ds_resume_point(
         hello = await accept(d, 4)
         assert (hello.origin_cluster, hello.target_cluster) == ("site-p", "site-d")
         assert await receive_through(d, 10) == list(range(5, 11))
-        assert site.egress.link_statistics().lag_events == 10  # none acked yet
+        assert site.egress.link_statistics().lag_events == 6  # D applied up to 4
         d.machine.ack(10)
         await d.pump_for(2)
         assert site.egress.acked_seq == 10
@@ -102,7 +102,7 @@ async def test_streams_the_spool_after_ds_resume_point(
         assert site.egress.status.state == "up"
     assert site.spool.floor == 10  # D's ack trimmed the spool
     marks = [c for c in site.member.posted if isinstance(c, pc.AckWatermark)]
-    assert [m.cseq for m in marks] == [10]  # the standbys are told
+    assert [m.cseq for m in marks] == [4, 10]  # the standbys are told
 
 
 async def test_each_event_carries_its_spooled_prev_seq(
@@ -301,3 +301,64 @@ async def test_a_refusal_for_good_shows_link_state_refused(
         await accept(d, 1)
         await d.pump_for(1)
         assert site.egress.status.state == "up"
+
+
+async def test_the_last_ack_of_a_burst_reaches_the_standbys(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Watermarks go out at most once a second, but the last one is never
+    held back for good: at quiescence the standbys trim to D's last ack."""
+    site = Site(tmp_path, events=6)
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 0 + 1)
+        await receive_through(d, 6)
+        await d.pump_for(1)
+        d.machine.ack(3)
+        await d.pump_for(0.1)
+        d.machine.ack(6)  # within the second after the watermark of 3
+        await d.pump_for(5)
+    marks = [c.cseq for c in site.member.posted if isinstance(c, pc.AckWatermark)]
+    assert marks == [1, 3, 6]
+
+
+async def test_a_converged_egress_reports_acked_seq_equal_to_last_seq(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """D applied everything the spool holds before this egress took over:
+    the WELCOME says so, and no ack follows (there is nothing to send)."""
+    site = Site(tmp_path, events=6)
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 6)
+        await d.pump_for(3)
+        stats = site.egress.link_statistics()
+        assert (stats.acked_seq, stats.last_seq, stats.lag_events) == (6, 6, 0)
+
+
+async def test_a_resync_cut_above_the_spools_last_event_converges(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A cut is a cseq, not every command makes an event: once D acked the
+    cut, last_seq is the cut too."""
+    site = Site(tmp_path, events=0)
+    site.member.apply(pc.QueueDeclare("q-full"), pc.QueueDeclare("local"))
+    cut = site.member.state.cseq
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 0)
+        await d.next_of(link.ResyncEnd)
+        d.machine.ack(cut)
+        await d.pump_for(3)
+        stats = site.egress.link_statistics()
+        assert (stats.acked_seq, stats.last_seq, stats.lag_events) == (cut, cut, 0)
+
+
+async def test_a_standby_reports_the_announced_ack_and_no_lag(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    site = Site(tmp_path, events=6)
+    site.role = SidecarRole.STANDBY
+    site.spool.trim(6)  # the active egress's watermark, applied by the sidecar
+    stats = site.egress.link_statistics()
+    assert (stats.acked_seq, stats.last_seq, stats.lag_events) == (6, 6, 0)
