@@ -115,6 +115,7 @@ class Egress:
         self.status = LinkStatus()
         self.acked_seq = 0
         self._refusal = ""  # the last non-retriable refusal by D, until a WELCOME
+        self.partitioned = False  # that refusal says D is a primary too (split brain)
         self._force_resync = False  # D found a gap: resync until a cut is acked
         self._resync_requested = False  # resync on the link that is up
         self.gaps = 0  # gaps D reported
@@ -179,12 +180,16 @@ class Egress:
             self.status.tls_refused[reason] += 1
         link_error = link_error_in(exc)
         refused = link_error is not None and not link_error.retriable
-        if link_error is not None and link_error.code == link.LinkErrorCode.STALE_EPOCH:
+        # D was promoted over this site: a split brain (PARTITIONED), or an
+        # older D that says only STALE_EPOCH.
+        code = None if link_error is None else link_error.code
+        if code in (link.LinkErrorCode.STALE_EPOCH, link.LinkErrorCode.PARTITIONED):
             self._superseded(error)
         if refused:
             # D refused for a reason only an operator can fix (promoted, new
             # incarnation): keep saying so while standbys answer "not active".
             self._refusal = error
+            self.partitioned = code == link.LinkErrorCode.PARTITIONED
         if refused or not self._refusal:
             self.status.last_error = error
         log.warning("egress: %s", error)
@@ -259,6 +264,8 @@ class Egress:
                 self._queue_resync(session)
                 self._queue_events(session)
                 now = trio.current_time()
+                # P's clock and position, for the next PING (D's recovery point).
+                sender.announce(time_us=_now_us(), last_seq=self._spool_now().held_upto)
                 out = sender.data_to_send(now)
                 if out:
                     await stream.send_all(out)
@@ -347,6 +354,7 @@ class Egress:
         session.welcomed = True
         self.status.state = "up"
         self._refusal = ""
+        self.partitioned = False
         session.last_queued = ev.resume_from
         # D applied up to resume_from: as good as an ack (a converged link
         # may never carry another one).
@@ -468,6 +476,7 @@ class Egress:
             superseded_by=self.member.state.superseded_by,
             security="insecure" if self.config.tls is None else "mutual-tls",
             tls_refused=self.status.tls_refused,
+            partitioned=self.partitioned,
         )
 
 

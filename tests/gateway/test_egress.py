@@ -3,6 +3,7 @@ streams with a virtual clock; the test plays D with a sans-IO LinkReceiver."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -362,3 +363,46 @@ async def test_a_standby_reports_the_announced_ack_and_no_lag(
     site.spool.trim(6)  # the active egress's watermark, applied by the sidecar
     stats = site.egress.link_statistics()
     assert (stats.acked_seq, stats.last_seq, stats.lag_events) == (6, 6, 0)
+
+
+async def test_refused_as_partitioned_the_egress_parks_and_says_so(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Split brain: D is a primary too.  The egress reports partitioned
+    (through standbys' answers) with D's text, turns the zombie guard on,
+    and a WELCOME (the operator resolved it) clears it."""
+    site = Site(tmp_path, events=1)
+    async with running(site):
+        assert not site.egress.link_statistics().partitioned
+        _, d = await site.next_link()
+        await d.next_of(link.Hello)
+        text = "split brain: site-d and site-p are both primaries; run 'drgate failback'"
+        code = int(link.LinkErrorCode.PARTITIONED)
+        await d.stream.send_all(d.machine.refuse(code, text, retriable=False))
+        _, d = await site.next_link()
+        stats = site.egress.link_statistics()
+        assert stats.partitioned and stats.state == "refused"
+        assert "drgate failback" in site.egress.status.last_error
+        await d.next_of(link.Hello)
+        await d.stream.send_all(
+            d.machine.refuse(int(link.LinkErrorCode.NOT_ACTIVE), "standby", retriable=True)
+        )
+        _, d = await site.next_link()
+        assert site.egress.link_statistics().partitioned
+        await accept(d, 1)
+        await d.pump_for(1)
+        assert not site.egress.link_statistics().partitioned
+    assert any(isinstance(c, pc.Superseded) for c in site.member.posted)
+
+
+async def test_the_egress_pings_carry_ps_clock_and_last_seq(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    site = Site(tmp_path, events=6)
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 6)
+        before = time.time() * 1e6
+        beat = await d.next_of(link.Heartbeat, within=10)
+    assert beat.last_seq == 6
+    assert before - 1e6 <= beat.time_us <= time.time() * 1e6  # P's wall clock
