@@ -92,6 +92,7 @@ def test_every_snapshot_field_becomes_a_metric_with_constant_labels() -> None:
         ("drgate_link_acked_seq", ()): 88,
         ("drgate_link_last_seq", ()): 100,
         ("drgate_partitioned", ()): 0,
+        ("drgate_site_superseded", ()): 0,
         ("drgate_rpo_seconds", ()): 2.5,
         ("drgate_rpo_events", ()): 3,
         ("drgate_spool_bytes", ()): 800,

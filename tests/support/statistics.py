@@ -97,6 +97,7 @@ def full_snapshot() -> SidecarStatistics:
             security="mutual-tls",
             tls_handshake_failures_total=2,
             peer_name_refusals_total=1,
+            superseded_by="",
             partitioned=False,
         ),
         spool=SpoolSection(
