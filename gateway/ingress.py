@@ -126,13 +126,17 @@ class Ingress:
 
     async def handle(self, stream: trio.abc.Stream) -> None:
         """Serve one connection; its failure is logged, the listener carries on."""
+        connection = None
         try:
             if self._ssl_context is not None:
                 stream = await self._secure(stream, self._ssl_context)
-            await _Connection(self, peer_address(stream)).run(stream)
+            connection = _Connection(self, peer_address(stream))
+            await connection.run(stream)
         except Exception as exc:  # one connection failed; the listener carries on
-            self.status.last_error = f"ingress: {describe_error(exc)}"
-            log.warning("%s", self.status.last_error)
+            error = f"ingress: {describe_error(exc)}"
+            log.warning("%s", error)
+            if connection is None or not connection.refused:
+                self.status.last_error = error  # else the refusal's reason stays
         finally:
             if self.links_up == 0:
                 self.status.state = "down"  # the last accepted connection ended
@@ -271,6 +275,7 @@ class _Connection:
         self.resync: link.ResyncBegin | None = None  # the resync being received
         self.resync_time_us = 0
         self.accepted = False  # this connection's HELLO was accepted
+        self.refused = False  # its HELLO was refused (the peer then closes)
 
     async def run(self, stream: trio.abc.Stream) -> None:
         ingress = self.ingress
@@ -356,6 +361,7 @@ class _Connection:
                 return
             if isinstance(ev, link.Hello):
                 answer, self.accepted = ingress.answer_hello(receiver, ev)
+                self.refused = not self.accepted
                 ingress.links_up += self.accepted
                 await stream.send_all(answer)
             elif isinstance(ev, link.ResyncBegin):

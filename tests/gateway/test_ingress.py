@@ -407,6 +407,8 @@ async def test_a_second_primary_is_a_split_brain_both_park(
     async with connected(ingress, epoch=2) as end:
         await end.stream.send_all(end.machine.start(trio.current_time()))
         error = await end.next_of(link.PeerError)
+        await end.stream.aclose()  # the refused egress goes: the reason stays
+        await trio.testing.wait_all_tasks_blocked()
     assert error.code == link.LinkErrorCode.PARTITIONED and not error.retriable
     assert "split brain" in error.text
     assert "drgate failback --config" in error.text
