@@ -98,3 +98,33 @@ def test_with_p_killed_ds_recovery_point_rises_with_wall_time(two: TwoSites) -> 
     assert first is not None and later is not None
     assert later - first == pytest.approx(later_at - first_at, abs=0.5)
     assert later > idle
+
+
+def test_a_restarted_ingress_and_the_active_one_agree_within_seconds(tmp_path: Path) -> None:
+    """D's sidecar 1 killed: sidecar 2 takes the link.  Restarted, sidecar 1
+    is the active ingress again (the lowest node): sidecar 2 hands the link
+    over, and the three D sidecars' /status agree at once: one ingress, whose
+    link is up, at the applied point P's egress reports acked."""
+    with TwoSites(workdir=tmp_path, metrics=True) as two:
+        done = two.p.admin(1, "add-queue", "q-full", "--replicate", "full")
+        assert done.returncode == 0, done.stderr
+        two.d.kill("sidecar-1")
+        wait_for("sidecar 2 has the link", lambda: status(two, "site-d", 2)["link_state"] == "up")
+        assert publish(two.p, "q-full", 10) == 10
+        two.start_sidecar(two.d, 1)
+
+        def agree() -> bool:
+            docs = [status(two, "site-d", n) for n in (1, 2, 3)]
+            roles = [(d["role"], d["link_state"]) for d in docs]
+            egress = status(two, "site-p", 1)
+            applied = {d["resync"].get("epoch") for d in docs}
+            return (
+                roles
+                == [("ingress", "up"), ("ingress-standby", "down"), ("ingress-standby", "down")]
+                and egress["link_state"] == "up"
+                and egress["acked_seq"] == egress["last_seq"]
+                and len(applied) == 1
+            )
+
+        took = wait_for("the D sidecars' status agrees", agree, timeout=30)
+        assert took < 15, took
