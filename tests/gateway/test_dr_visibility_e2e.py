@@ -128,3 +128,11 @@ def test_a_restarted_ingress_and_the_active_one_agree_within_seconds(tmp_path: P
 
         took = wait_for("the D sidecars' status agrees", agree, timeout=30)
         assert took < 15, took
+
+        def p_converged(n: int) -> bool:
+            doc = status(two, "site-p", n)
+            return doc["lag_events"] == 0 and doc["acked_seq"] == doc["last_seq"]
+
+        # P's standbys trim by the egress's last watermark too: no lag left.
+        for n in (1, 2, 3):
+            wait_for(f"P sidecar {n} reports no lag", lambda n=n: p_converged(n), timeout=10)
