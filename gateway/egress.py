@@ -117,11 +117,13 @@ class Egress:
         self.status = LinkStatus()
         self.acked_seq = 0
         self._refusal = ""  # the last non-retriable refusal by D, until a WELCOME
+        self.partitioned = False  # that refusal says D is a primary too (split brain)
         self._force_resync = False  # D found a gap: resync until a cut is acked
         self._resync_requested = False  # resync on the link that is up
         self.gaps = 0  # gaps D reported
         self._sender_stats: link.SenderStatistics | None = None
         self._last_watermark = -WATERMARK_INTERVAL_S
+        self._announced = 0  # the last watermark posted
         self._waiting: trio.CancelScope | None = None
         self._woken = False
 
@@ -158,7 +160,8 @@ class Egress:
             address = str(peer)
             index += 1
             try:
-                self.status.state = "connecting"
+                # A refusal for good stays the link's state until a WELCOME.
+                self.status.state = "refused" if self._refusal else "connecting"
                 stream = await self._connect(peer)
                 self.status.peer = address
                 await self._run(stream, address)
@@ -179,19 +182,23 @@ class Egress:
             self.status.tls_refused[reason] += 1
         link_error = link_error_in(exc)
         refused = link_error is not None and not link_error.retriable
-        if link_error is not None and link_error.code == link.LinkErrorCode.STALE_EPOCH:
+        # D was promoted over this site: a split brain (PARTITIONED), or an
+        # older D that says only STALE_EPOCH.
+        code = None if link_error is None else link_error.code
+        if code in (link.LinkErrorCode.STALE_EPOCH, link.LinkErrorCode.PARTITIONED):
             self._superseded(error)
         if refused:
             # D refused for a reason only an operator can fix (promoted, new
             # incarnation): keep saying so while standbys answer "not active".
             self._refusal = error
+            self.partitioned = code == link.LinkErrorCode.PARTITIONED
         if refused or not self._refusal:
             self.status.last_error = error
         log.warning("egress: %s", error)
         return refused
 
     def _ended(self) -> None:
-        self.status.state = "down"
+        self.status.state = "refused" if self._refusal else "down"
         self.status.resync.active = False  # an unfinished resync starts again from scratch
         self.status.reconnects += 1
         s, self._sender_stats = self._sender_stats, None
@@ -259,13 +266,15 @@ class Egress:
                 self._queue_resync(session)
                 self._queue_events(session)
                 now = trio.current_time()
+                # P's clock and position, for the next PING (D's recovery point).
+                sender.announce(time_us=_now_us(), last_seq=self._spool_now().held_upto)
                 out = sender.data_to_send(now)
                 if out:
                     await stream.send_all(out)
                 self._sender_stats = sender.statistics()
                 if self.capture is not None:
                     self.capture.forwarded_sent(sender, self._sender_stats)
-                deadline = sender.tick(trio.current_time())
+                deadline = self._watermark_due(sender.tick(trio.current_time()))
                 if self._woken or self._has_more(session):
                     await trio.lowlevel.checkpoint()  # others run between passes
                     continue
@@ -358,7 +367,11 @@ class Egress:
         session.welcomed = True
         self.status.state = "up"
         self._refusal = ""
+        self.partitioned = False
         session.last_queued = ev.resume_from
+        # D applied up to resume_from: as good as an ack (a converged link
+        # may never carry another one).
+        self._acked_up_to(ev.resume_from)
         # D applied nothing of this incarnation (a new D, or one that accepted
         # a new incarnation), less than the spool reaches back to, or found a
         # gap in what the spool sent: a snapshot cut at our cseq.
@@ -375,8 +388,11 @@ class Egress:
                 resync.active = False
                 self._force_resync = False
                 log.info("egress: resync cut at %d applied by D", ev.seq)
-        self.acked_seq = ev.seq
-        self._spool_now().trim(ev.seq)
+        self._acked_up_to(ev.seq)
+
+    def _acked_up_to(self, seq: int) -> None:
+        self.acked_seq = seq
+        self._spool_now().trim(seq)
         self._announce_watermark()
 
     def _begin_resync(self, session: _Session, resume: int) -> int:
@@ -430,34 +446,50 @@ class Egress:
         progress.messages_done = stream.messages_done
 
     def _announce_watermark(self) -> None:
+        """Tell the standbys how far D acked: at most once a second, and the
+        last ack of a burst once that second has passed (:meth:`_watermark_due`)."""
         now = trio.current_time()
-        if now - self._last_watermark < WATERMARK_INTERVAL_S:
+        if self.acked_seq == self._announced or now - self._last_watermark < WATERMARK_INTERVAL_S:
             return
         self._last_watermark = now
+        self._announced = self.acked_seq
         state = self.member.state
         self.member.post(
             pc.AckWatermark(self.config.site, state.incarnation, self.acked_seq, _now_us())
         )
+
+    def _watermark_due(self, deadline: float | None) -> float | None:
+        """``deadline``, or sooner when an ack waits to be announced (which
+        this announces once it is due)."""
+        self._announce_watermark()
+        if self.acked_seq == self._announced:
+            return deadline
+        due = self._last_watermark + WATERMARK_INTERVAL_S
+        return due if deadline is None else min(deadline, due)
 
     # ------------------------------------------------------------------
 
     def link_statistics(self) -> LinkSection:
         """The ``link`` section of P's statistics."""
         spool = self._spool()
+        spooled = None if spool is None else spool.statistics()
+        # A standby's spool is trimmed by the active egress's watermarks.
+        acked = max(self.acked_seq, 0 if spooled is None else spooled.trimmed_upto)
         return egress_link_section(
             state=self.status.state,
             peer=self.status.peer,
             reconnects_total=self.status.reconnects,
             rtt_seconds=self.status.rtt,
-            acked_seq=self.acked_seq,
-            lag=lag(spool, self.acked_seq, time.time()),
-            spool=None if spool is None else spool.statistics(),
+            acked_seq=acked,
+            lag=lag(spool, acked, time.time()),
+            spool=spooled,
             sender=self._sender_stats,
             ended=self.status.ended,
             gaps_total=self.gaps,
             superseded_by=self.member.state.superseded_by,
             security="insecure" if self.config.tls is None else "mutual-tls",
             tls_refused=self.status.tls_refused,
+            partitioned=self.partitioned,
         )
 
 

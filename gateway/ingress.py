@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -41,15 +40,16 @@ import trio
 
 from cluster.bus import MemberId
 from cluster.member import SiteMember
-from cluster.state import fenced
 from cluster.state.views import applied
 from cluster.tls import peer_name_refusal, tls_failure_text
 from gateway import resync as rs
 from gateway.ackgate import AckGate, DurableWatermark
 from gateway.admission import admit_event
 from gateway.egress import READ_BYTES
+from gateway.fencing import PartitionWatch, refusal
 from gateway.linkconnect import describe_error, peer_address
 from gateway.linkstatus import LinkStatus
+from gateway.recoverypoint import HeartbeatPoster
 from gateway.roles import SidecarRole
 from gateway.statistics import LinkSection, ingress_link_section
 from protocol import cluster as pc
@@ -103,6 +103,8 @@ class Ingress:
         self._ssl_context = ssl_context
         self._pinned = pinned
         self.status = LinkStatus()
+        self.partition = PartitionWatch()  # a second primary knocking (split brain)
+        self.heartbeats = HeartbeatPoster(member.post)  # P's position, to D's bus
         self.ingested = 0  # replicated commands applied through this ingress
         self.refused_events = 0  # events a link peer sent that D does not admit
         self.links_up = 0  # accepted link connections open now
@@ -124,15 +126,19 @@ class Ingress:
 
     async def handle(self, stream: trio.abc.Stream) -> None:
         """Serve one connection; its failure is logged, the listener carries on."""
+        connection = None
         try:
             if self._ssl_context is not None:
                 stream = await self._secure(stream, self._ssl_context)
-            await _Connection(self, peer_address(stream)).run(stream)
+            connection = _Connection(self, peer_address(stream))
+            await connection.run(stream)
         except Exception as exc:  # one connection failed; the listener carries on
-            self.status.last_error = f"ingress: {describe_error(exc)}"
-            log.warning("%s", self.status.last_error)
+            error = f"ingress: {describe_error(exc)}"
+            log.warning("%s", error)
+            if connection is None or not connection.refused:
+                self.status.last_error = error  # else the refusal's reason stays
         finally:
-            if self.links_up == 0 and self._role() == SidecarRole.INGRESS:
+            if self.links_up == 0:
                 self.status.state = "down"  # the last accepted connection ended
             self.status.resync.active = False  # unapplied chunks go with the connection
             await trio.aclose_forcefully(stream)
@@ -178,15 +184,11 @@ class Ingress:
 
     def answer_hello(self, receiver: link.LinkReceiver, hello: link.Hello) -> tuple[bytes, bool]:
         """The answer to a HELLO, and whether it accepts the link."""
-        role = self._role()
         site = self.config.site
-        if role != SidecarRole.INGRESS:
-            active = self._active()
-            where = (
-                "not known yet" if active is None else f"node {active.node} (bus member {active})"
-            )
-            text = f"{site} node {self.config.node} is {role}; the active ingress is {where}"
-            return receiver.refuse(int(link.LinkErrorCode.NOT_ACTIVE), text, retriable=True), False
+        not_active = self.not_active()
+        if not_active is not None:
+            code = int(link.LinkErrorCode.NOT_ACTIVE)
+            return receiver.refuse(code, not_active, retriable=True), False
         if hello.target_cluster != site or hello.origin_cluster != self.config.peer_cluster:
             text = (
                 f"this is {site}, expecting a stream from {self.config.peer_cluster}; "
@@ -206,44 +208,26 @@ class Ingress:
         window = min(hello.window_bytes, self.config.link.window_bytes)
         return receiver.accept(resume, window, trio.current_time()), True
 
-    def fence_reason(self, hello: link.Hello) -> tuple[int, str] | None:
-        """Why a stream of ``hello``'s epoch and incarnation is refused: a
-        primary this site was promoted over (R7), or an incarnation it has not
-        accepted; None to go on."""
-        origin = self.member.state.origins.get(hello.origin_cluster)
-        if origin is None:
+    def not_active(self) -> str | None:
+        """Why this sidecar takes no link (it is not the active ingress), or None."""
+        role = self._role()
+        if role == SidecarRole.INGRESS:
             return None
-        site, peer = self.config.site, hello.origin_cluster
-        if origin.promoted:
-            when = time.strftime(
-                "%Y-%m-%d %H:%M:%S UTC", time.gmtime(origin.promoted_time_us / 1e6)
-            )
-            text = (
-                f"{site} was promoted over {peer} at {when} (epoch {origin.epoch}); it accepts "
-                f"no stream of {peer} (this one is epoch {hello.epoch}) until an operator runs "
-                f"'drgate failback' at {site}. This primary is stale: stop its clients, or fail "
-                "back (docs/operations.md, 'When the primary comes back')"
-            )
-            return int(link.LinkErrorCode.STALE_EPOCH), text
-        if fenced(origin, hello.epoch):
-            text = (
-                f"{site} accepts {peer}'s stream at epoch {origin.epoch} only; this one is "
-                f"epoch {hello.epoch}. After 'drgate failback' at {site}, run at {peer}: "
-                f"drgate failback --epoch {origin.epoch} --config <a {peer} sidecar's config>"
-            )
-            return int(link.LinkErrorCode.STALE_EPOCH), text
-        if origin.incarnation not in (0, hello.incarnation):
-            text = (
-                f"{peer} is incarnation {hello.incarnation}, but "
-                f"{site} replicates its incarnation {origin.incarnation} "
-                f"(applied up to cseq {origin.applied.get(origin.incarnation, 0)}). "
-                f"{peer} restarted from nothing; {site}'s replicas "
-                "are kept as they are. To replace them by the new incarnation's state, run at "
-                f"{site}: drgate resync --accept-incarnation {hello.incarnation} "
-                f"--origin {peer} --config <sidecar.yaml>"
-            )
-            return rs.NEW_INCARNATION_CODE, text
-        return None
+        active = self._active()
+        where = "not known yet" if active is None else f"node {active.node} (bus member {active})"
+        site, node = self.config.site, self.config.node
+        return f"{site} node {node} is {role}; the active ingress is {where}"
+
+    def fence_reason(self, hello: link.Hello) -> tuple[int, str] | None:
+        """Why a stream of ``hello``'s epoch and incarnation is refused
+        (:func:`gateway.fencing.refusal`); None to go on.  A refusal of a
+        second primary marks the split brain (:attr:`partition`)."""
+        refused = refusal(self.member.state, site=self.config.site, hello=hello)
+        if refused is None:
+            return None
+        if refused.partitioned:
+            self.partition.refused(hello.origin_cluster)
+        return refused.code, refused.text
 
     def check_piece_staged(self, cmd: pc.ResyncStage) -> None:
         """After D's bus applied a ResyncStage: is it staged (else do not ack)?"""
@@ -271,6 +255,7 @@ class Ingress:
             refused_total=self.refused_events,
             security="insecure" if self._ssl_context is None else "mutual-tls",
             tls_refused=self.status.tls_refused,
+            partitioned=self.partition.partitioned(self.member.state),
         )
 
 
@@ -291,6 +276,7 @@ class _Connection:
         self.resync: link.ResyncBegin | None = None  # the resync being received
         self.resync_time_us = 0
         self.accepted = False  # this connection's HELLO was accepted
+        self.refused = False  # its HELLO was refused (the peer then closes)
 
     async def run(self, stream: trio.abc.Stream) -> None:
         ingress = self.ingress
@@ -340,7 +326,9 @@ class _Connection:
         """Until bytes come, an ack is made or the link's next deadline.
         (A cancelled receive_some consumed nothing.)"""
         data = None
-        with trio.move_on_at(deadline if deadline is not None else now + IDLE_WAIT_S) as scope:
+        # At least once a second, to notice a promotion or a role change.
+        wake = now + IDLE_WAIT_S if deadline is None else min(deadline, now + IDLE_WAIT_S)
+        with trio.move_on_at(wake) as scope:
             self.reading = scope
             data = bytes(await stream.receive_some(READ_BYTES))
         self.reading = None
@@ -350,16 +338,21 @@ class _Connection:
             self.receiver.receive_data(data)
 
     async def _check_fenced(self, stream: trio.abc.Stream) -> None:
-        """Promoted (or an incarnation switch) while the link is up: close it
-        with the same error a new HELLO would get."""
+        """Promoted (or an incarnation switch), or no longer the active
+        ingress (a lower node restarted), while the link is up: close it with
+        the same error a new HELLO would get."""
         hello = self.receiver.hello
         if not self.accepted or hello is None:
             return
         fenced = self.ingress.fence_reason(hello)
+        not_active = self.ingress.not_active()
+        if not_active is not None:
+            fenced = int(link.LinkErrorCode.NOT_ACTIVE), not_active
         if fenced is not None:
             code, text = fenced
-            await stream.send_all(self.receiver.send_error(code, text, retriable=False))
-            raise LinkError(text, code=code, retriable=False)
+            retriable = not_active is not None
+            await stream.send_all(self.receiver.send_error(code, text, retriable=retriable))
+            raise LinkError(text, code=code, retriable=retriable)
 
     async def _handle_events(self, stream: trio.abc.Stream) -> None:
         receiver, ingress = self.receiver, self.ingress
@@ -369,6 +362,7 @@ class _Connection:
                 return
             if isinstance(ev, link.Hello):
                 answer, self.accepted = ingress.answer_hello(receiver, ev)
+                self.refused = not self.accepted
                 ingress.links_up += self.accepted
                 await stream.send_all(answer)
             elif isinstance(ev, link.ResyncBegin):
@@ -379,6 +373,8 @@ class _Connection:
                 await self.to_apply_send.send((ev.cut_seq, self._resync_commit(ev)))
             elif isinstance(ev, link.EventsReceived):
                 await self._events_received(ev)
+            elif isinstance(ev, link.Heartbeat) and receiver.hello is not None:
+                ingress.heartbeats.heard(receiver.hello, ev, trio.current_time())
             elif isinstance(ev, link.PeerError):
                 raise DrgateError(f"the egress sent an error: {ev.text}")
             elif isinstance(ev, link.Stalled):

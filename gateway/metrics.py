@@ -21,7 +21,6 @@ The full list is in docs/observability.md.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -37,14 +36,27 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from cluster.statistics import DonationSection, JournalSection, NodeStatistics
+from gateway.rates import RATE_COUNTERS, RATE_WINDOW_S, RateTracker, rate_counters
 from gateway.roles import SidecarRole
 from gateway.statistics import (
+    DrSection,
     LinkSection,
     ResyncSection,
     RulesSection,
     SidecarStatistics,
     SpoolSection,
 )
+
+__all__ = [
+    "RATE_COUNTERS",
+    "RATE_WINDOW_S",
+    "RateTracker",
+    "SnapshotCollector",
+    "build_registry",
+    "families_from_snapshot",
+    "rate_counters",
+    "render_metrics",
+]
 
 log = logging.getLogger(__name__)
 
@@ -57,24 +69,7 @@ SnapshotFunction = Callable[[], NodeStatistics]
 ROLES = tuple(str(role) for role in SidecarRole)
 LINK_STATES = ("up", "down", "connecting", "refused")
 
-# Rates over at most this many seconds of samples: long enough to smooth the
-# batching of the link (linger, ack delay), short enough that an operator
-# watching `drgate status --watch` sees a stall within seconds.
-RATE_WINDOW_S = 10.0
-
 Number = float | int | bool | None
-Count = int | Mapping[Any, int] | None
-
-# (status key, counter) of the counters that /status reports as rates; a
-# mapping counter is summed.
-RATE_COUNTERS: tuple[tuple[str, Callable[[SidecarStatistics], Count]], ...] = (
-    ("commands_tapped_per_second", lambda s: s.tap.commands_total if s.tap else None),
-    ("events_forwarded_per_second", lambda s: s.tap.forwarded_total if s.tap else None),
-    ("events_sent_per_second", lambda s: s.link.events_sent_total),
-    ("events_received_per_second", lambda s: s.link.events_received_total),
-    ("bytes_sent_wire_per_second", lambda s: s.link.bytes_sent_wire_total),
-    ("bytes_received_wire_per_second", lambda s: s.link.bytes_received_wire_total),
-)
 
 S = TypeVar("S")
 
@@ -163,6 +158,18 @@ _LINK_ROWS: tuple[_Row[LinkSection], ...] = (
          lambda s: s.acked_seq),
     _Row("gauge", "drgate_link_last_seq", "Highest sequence number sent or received",
          lambda s: s.last_seq),
+    _Row("gauge", "drgate_partitioned",
+         "1 in a split brain: the other site is a primary too; replication is parked",
+         lambda s: s.partitioned),
+)  # fmt: skip
+
+_DR_ROWS: tuple[_Row[DrSection], ...] = (
+    _Row("gauge", "drgate_rpo_seconds",
+         "D: now minus the P time up to which D holds all of P (what a failover now loses)",
+         lambda s: s.rpo_seconds),
+    _Row("gauge", "drgate_rpo_events",
+         "D: P's last announced seq minus D's applied one (a cseq distance)",
+         lambda s: s.rpo_events),
 )  # fmt: skip
 
 _SPOOL_ROWS: tuple[_Row[SpoolSection], ...] = (
@@ -403,6 +410,8 @@ def _sidecar_families(out: _Families, stats: SidecarStatistics) -> None:
 
     if stats.spool is not None:
         out.rows(_SPOOL_ROWS, stats.spool)
+    if stats.dr is not None:
+        out.rows(_DR_ROWS, stats.dr)
 
 
 class SnapshotCollector(Collector):
@@ -437,60 +446,3 @@ def build_registry(snapshot: SnapshotFunction, *, process: bool = True) -> Colle
 def render_metrics(registry: CollectorRegistry) -> bytes:
     """The registry in the Prometheus text exposition format."""
     return generate_latest(registry)
-
-
-def rate_counters(stats: NodeStatistics) -> dict[str, float]:
-    """The counters /status turns into rates (a mapping counter is summed); none for a broker."""
-    if not isinstance(stats, SidecarStatistics):
-        return {}
-    out = {}
-    for key, counter in RATE_COUNTERS:
-        value = counter(stats)
-        if isinstance(value, Mapping):
-            out[key] = float(sum(value.values()))
-        elif value is not None:
-            out[key] = float(value)
-    return out
-
-
-class RateTracker:
-    """Per-second rates of a few counters, from snapshots sampled with their time.
-
-    ``observe(now, stats)`` records a sample; ``rates()`` gives, per
-    counter, the increase over the samples of the last ``window`` seconds
-    divided by the time between them, or ``None`` with fewer than two samples.
-    A counter that goes down (a restarted process) restarts the window.
-    """
-
-    def __init__(self, *, window: float = RATE_WINDOW_S) -> None:
-        self.window = window
-        self._samples: collections.deque[tuple[float, dict[str, float]]] = collections.deque()
-
-    def observe(self, now: float, stats: NodeStatistics) -> None:
-        counters = rate_counters(stats)
-        if self._samples:
-            last = self._samples[-1][1]
-            if any(counters.get(k, v) < v for k, v in last.items()):
-                self._samples.clear()
-        self._samples.append((now, counters))
-        while len(self._samples) > 2 and now - self._samples[1][0] >= self.window:
-            self._samples.popleft()
-
-    def rates(self) -> dict[str, float | None]:
-        out: dict[str, float | None] = {key: None for key, _ in RATE_COUNTERS}
-        if len(self._samples) < 2:
-            return out
-        (t0, first), (t1, last) = self._samples[0], self._samples[-1]
-        if t1 <= t0:
-            return out
-        for key, value in last.items():
-            if key in first:
-                out[key] = (value - first[key]) / (t1 - t0)
-        return out
-
-    @property
-    def span(self) -> float:
-        """Seconds between the oldest and newest sample (0 with fewer than two)."""
-        if len(self._samples) < 2:
-            return 0.0
-        return self._samples[-1][0] - self._samples[0][0]

@@ -445,5 +445,5 @@ class Sidecar(NullObserver):
             spool=None if self.spool is None else self.spool.statistics(),
             dr=None
             if self.ingress is None
-            else dr_section(self.state.origins, peer_cluster=self.config.peer_cluster),
+            else dr_section(self.state, peer_cluster=self.config.peer_cluster),
         )

@@ -19,15 +19,17 @@ The functions below build the sections from the components' own snapshots;
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cluster.statistics import BusSection, NodeStatistics, StateTransferSection
+from gateway.recoverypoint import recovery_point
 from gateway.resync import origin_summary
 
 if TYPE_CHECKING:
-    from cluster.state.model import Origin
+    from cluster.state.model import SiteState
     from gateway.spool import SpoolStatistics
     from protocol.link.receiver import ReceiverStatistics
     from protocol.link.sender import SenderStatistics
@@ -100,6 +102,9 @@ class LinkSection:
     # not pinned (refused by either side).
     tls_handshake_failures_total: int | None = None
     peer_name_refusals_total: int | None = None
+    # Split brain: the other site is a primary too (P: D refused this link as
+    # PARTITIONED; D: that primary's egress keeps knocking); both park.
+    partitioned: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +155,10 @@ class DrSection:
     promoted: bool
     epoch: int
     origins: Mapping[str, Mapping[str, object]]
+    # P's recovery point seen from D (gateway/recoverypoint.py): None while
+    # D holds nothing of P, or was promoted over it.
+    rpo_seconds: float | None = None
+    rpo_events: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -197,14 +206,18 @@ def egress_link_section(
     superseded_by: str = "",
     security: str | None = None,
     tls_refused: Mapping[str, int] | None = None,
+    partitioned: bool = False,
 ) -> LinkSection:
     """P's link: ``sender`` is the open connection's snapshot (``None`` when
     none is open), ``ended`` the summed counters of the connections that ended
     (keys ``bytes_sent_total``, ``bytes_sent_wire_total``, ``batches_sent_total``,
     ``events_sent_total``; a missing key is 0), so the totals never go back.
-    ``last_seq`` is the spool's (0 without one); ``lag`` is (events, seconds).
+    ``last_seq`` is the highest seq the spool covers (its last event, or its
+    floor when a resync cut or a join point lies above it; 0 without a
+    spool), so a converged link has ``acked_seq == last_seq``; ``lag`` is
+    (events, seconds).
     ``tls_refused`` counts TLS refusals by reason (``handshake``, ``peer_name``)."""
-    last = spool.last_seq if spool is not None and spool.last_seq is not None else 0
+    last = 0 if spool is None else spool.held_upto
     return LinkSection(
         state=state,
         peer=peer,
@@ -221,6 +234,7 @@ def egress_link_section(
         events_sent_total=ended.get("events_sent_total", 0) + (sender.events if sender else 0),
         gaps_total=gaps_total,
         superseded_by=superseded_by,
+        partitioned=partitioned,
         **_tls_fields(security, tls_refused),
     )
 
@@ -247,6 +261,7 @@ def ingress_link_section(
     refused_total: int = 0,
     security: str | None = None,
     tls_refused: Mapping[str, int] | None = None,
+    partitioned: bool = False,
 ) -> LinkSection:
     """D's link: ``receivers`` are the open connections' snapshots, ``ended``
     the summed counters of those that ended (keys ``bytes_received_wire_total``,
@@ -265,18 +280,24 @@ def ingress_link_section(
         + sum(r.batches for r in receivers),
         gaps_total=ended.get("gaps_total", 0) + sum(r.gaps for r in receivers),
         refused_total=refused_total,
+        partitioned=partitioned,
         **_tls_fields(security, tls_refused),
     )
 
 
-def dr_section(origins: Mapping[str, Origin], *, peer_cluster: str) -> DrSection:
-    """D's view of the origins; ``peer_cluster`` is P's site name (not promoted,
-    epoch 0 while D holds nothing of it)."""
-    peer = origins.get(peer_cluster)
+def dr_section(state: SiteState, *, peer_cluster: str, now_us: int | None = None) -> DrSection:
+    """D's view of the origins in ``state``; ``peer_cluster`` is P's site name
+    (not promoted, epoch 0 while D holds nothing of it), whose recovery point
+    at ``now_us`` (default: now) it reports."""
+    now_us = int(time.time() * 1e6) if now_us is None else now_us
+    peer = state.origins.get(peer_cluster)
+    rpo_seconds, rpo_events = recovery_point(state, peer_cluster, now_us)
     return DrSection(
         promoted=bool(peer is not None and peer.promoted),
         epoch=0 if peer is None else peer.epoch,
-        origins={name: origin_summary(o) for name, o in origins.items()},
+        origins={name: origin_summary(o, now_us) for name, o in state.origins.items()},
+        rpo_seconds=rpo_seconds,
+        rpo_events=rpo_events,
     )
 
 

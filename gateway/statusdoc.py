@@ -60,6 +60,9 @@ def status_document(
         "link_gaps_total": link.gaps_total if link else None,
         "link_refused_total": link.refused_total if link else None,
         "superseded_by": link.superseded_by if link else None,
+        "partitioned": link.partitioned if link else None,
+        "rpo_seconds": sidecar.dr.rpo_seconds if sidecar and sidecar.dr else None,
+        "rpo_events": sidecar.dr.rpo_events if sidecar and sidecar.dr else None,
         "rates": dict(rates) if rates is not None else {key: None for key, _ in RATE_COUNTERS},
         "spool": {
             "bytes": spool.bytes if spool else None,

@@ -622,9 +622,11 @@ def _rules_switch(state: SiteState, cmd: RulesSwitch, sender: Sender | None, eff
 def _ack_watermark(
     state: SiteState, cmd: AckWatermark, sender: Sender | None, eff: Effects
 ) -> None:
+    # At P the active egress's acked point; at D the heartbeat of P's stream
+    # (gateway/recoverypoint.py), whose time moves on at the same cseq.
     old = state.watermarks.get(cmd.origin_cluster)
     new = (cmd.incarnation, cmd.cseq, cmd.time_us)
-    if old is None or old[0] != cmd.incarnation or old[1] < cmd.cseq:
+    if old is None or old[0] != cmd.incarnation or old[1:] < new[1:]:
         state.watermarks[cmd.origin_cluster] = new
     else:
         state.count("ignored")

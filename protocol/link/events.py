@@ -68,6 +68,16 @@ class PongReceived:
 
 
 @dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Receiver: a minor-2 PING's news of the origin: at ``time_us`` (its wall
+    clock, µs since the Unix epoch) its last spooled event was ``last_seq``.
+    D's recovery point moves with it while the origin is idle."""
+
+    time_us: int
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
 class PeerError:
     """The peer sent an ERROR frame and will close the connection."""
 

@@ -68,7 +68,10 @@ LINK_MAGIC: Final = b"DG"
 # WELCOME) only add things a peer uses when both sides announce them.
 LINK_VERSION: Final = 1
 # Minor 1: every event of a BATCH carries ``prev_seq`` (continuity).
-LINK_MINOR: Final = 1
+LINK_MINOR: Final = 2
+# Minor 2: PING may carry P's time and last seq (the heartbeat of D's recovery
+# point), and the PARTITIONED error code; both sent only to a minor-2 peer.
+HEARTBEAT_MINOR: Final = 2
 # The oldest minor version this end talks to.  Minor 1 changed the events
 # block, which a minor-0 peer would misread; since both ends ship in the same
 # release, a minor-0 peer is refused at the handshake (both ends check, so an
@@ -148,6 +151,11 @@ class LinkErrorCode(enum.IntEnum):
     """The peer's TLS certificate, though signed by the CA, names none of the
     names this side pins (``tls.peer_names``): not retriable, an operator
     must fix a certificate or the pinned names."""
+    PARTITIONED = 26
+    """Split brain: the receiver's site was promoted over the sender's, which
+    still runs as a primary.  Not retriable: both park until an operator
+    decides which site stays primary (sent to a sender of minor 2 or later;
+    an older one gets ``STALE_EPOCH``)."""
     INTERNAL = 39
 
 
@@ -275,6 +283,15 @@ ACK = Struct("seq" / Int64ub, "resync_chunks" / Int32ub, Terminated).compile()
 # | timestamp_us u64   (the pinger's own clock; echoed unchanged)
 PING = Struct("timestamp_us" / Int64ub, Terminated).compile()
 PONG = PING
+# PING with the origin's position (minor 2, to a receiver that announced it):
+# 0                  8                    16
+# | timestamp_us u64 | origin_time_us u64 | origin_last_seq u64
+# ``origin_time_us``: P's wall clock (µs since the Unix epoch) when it was made;
+# ``origin_last_seq``: the seq of P's last spooled event then.
+PING_HEARTBEAT = Struct(
+    "timestamp_us" / Int64ub, "origin_time_us" / Int64ub, "origin_last_seq" / Int64ub, Terminated
+).compile()
+PING_HEARTBEAT_SIZE: Final = 24
 
 # RESYNC_BEGIN (sender -> receiver):
 # 0          4            12               16              24      26
@@ -382,7 +399,12 @@ class Ack:
 
 @dataclass(frozen=True, slots=True)
 class Ping:
+    """``origin_time_us`` and ``origin_last_seq`` both set make a minor-2
+    heartbeat PING (24 bytes); both None, the 8-byte PING."""
+
     timestamp_us: int
+    origin_time_us: int | None = None
+    origin_last_seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -542,8 +564,12 @@ def _encode(frame: Frame, compressor: zstandard.ZstdCompressor | None) -> bytes:
             payload = WELCOME.build(_fields(frame))
         case Ack():
             payload = ACK.build(_fields(frame))
-        case Ping() | Pong():
-            payload = PING.build(_fields(frame))
+        case Ping(origin_time_us=None, origin_last_seq=None) | Pong():
+            payload = PING.build({"timestamp_us": frame.timestamp_us})
+        case Ping():
+            if frame.origin_time_us is None or frame.origin_last_seq is None:
+                raise LocalProtocolError("a heartbeat PING needs both the origin's time and seq")
+            payload = PING_HEARTBEAT.build(_fields(frame))
         case ResyncBegin():
             payload = RESYNC_BEGIN.build(_fields(frame))
         case ResyncEnd():
@@ -705,6 +731,9 @@ def _decode_payload(header: FrameHeader, payload: bytes, max_frame_bytes: int) -
         c = parse_exact(ACK, payload)
         return Ack(seq=c["seq"], resync_chunks=c["resync_chunks"])
     if ftype is FrameType.PING:
+        if len(payload) == PING_HEARTBEAT_SIZE:
+            c = parse_exact(PING_HEARTBEAT, payload)
+            return Ping(c["timestamp_us"], c["origin_time_us"], c["origin_last_seq"])
         return Ping(timestamp_us=parse_exact(PING, payload)["timestamp_us"])
     if ftype is FrameType.PONG:
         return Pong(timestamp_us=parse_exact(PONG, payload)["timestamp_us"])

@@ -26,6 +26,8 @@ until ``NEED_DATA``:
   protocol error.  ``ack`` cannot pass a gap, since it covers only what was
   handed up.
 * ``ResyncBegin``, ``ResyncChunk`` (in index order), ``ResyncEnd``.
+* ``Heartbeat``: a minor-2 PING's news of the origin (its time and last
+  spooled seq), for D's recovery point.
 * ``PeerError``, ``Stalled`` (no frame for ``heartbeat_timeout``),
   ``ConnectionClosed``.
 
@@ -60,6 +62,7 @@ from protocol.link.events import (
     NEED_DATA,
     ConnectionClosed,
     EventsReceived,
+    Heartbeat,
     LinkEvent,
     NeedData,
     PeerError,
@@ -220,6 +223,7 @@ class LinkReceiver:
             | ResyncBegin
             | ResyncChunk
             | ResyncEnd
+            | Heartbeat
             | PeerError
             | Stalled
             | ConnectionClosed
@@ -359,6 +363,7 @@ class LinkReceiver:
         | ResyncBegin
         | ResyncChunk
         | ResyncEnd
+        | Heartbeat
         | PeerError
         | Stalled
         | ConnectionClosed
@@ -399,6 +404,8 @@ class LinkReceiver:
             case Ping():
                 self._n_pings += 1
                 self._out.append(encode_frame(Pong(frame.timestamp_us)))
+                if frame.origin_time_us is not None and frame.origin_last_seq is not None:
+                    self._events.append(Heartbeat(frame.origin_time_us, frame.origin_last_seq))
             case Hello():
                 check_minor_untrusted(frame.minor, "sender (P's egress)")
                 self.hello = frame

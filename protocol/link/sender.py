@@ -62,6 +62,7 @@ from protocol.link.frames import (
     DEFAULT_MAX_FRAME_BYTES,
     EVENT_OVERHEAD,
     HEADER_SIZE,
+    HEARTBEAT_MINOR,
     U64_MAX,
     Ack,
     Codec,
@@ -235,6 +236,8 @@ class LinkSender:
         self._next_ping: float | None = None
         self._pings: dict[int, float] = {}
         self._pong_pending: list[float] = []  # send times of pings answered, RTT not yet read
+        self._peer_minor = 0  # the WELCOME's
+        self._position: tuple[int, int] | None = None  # (time_us, last_seq) for heartbeats
         self._stalled_reported = False
         # statistics
         self._n_events = 0
@@ -466,6 +469,7 @@ class LinkSender:
             raise remote_error(LinkErrorCode.MALFORMED, "WELCOME grants a window of 0 bytes")
         self._window = min(w.window_bytes, cfg.window_bytes)
         self._codec = w.codec
+        self._peer_minor = w.minor
         self.resume_from = w.resume_from
         self._last_queued_seq = self._last_sent_seq = self._acked_seq = w.resume_from
         self._events.append(w)
@@ -536,11 +540,24 @@ class LinkSender:
                     del self._pings[next(iter(self._pings))]
                 self._pings[ts] = now
                 self._n_pings += 1
-                out.append(encode_frame(Ping(ts)))
+                out.append(encode_frame(self._ping(ts)))
         data = b"".join(out)
         out.clear()
         self._bytes_sent += len(data)
         return data
+
+    def announce(self, *, time_us: int, last_seq: int) -> None:
+        """The origin's wall clock (µs since the Unix epoch) and its last
+        spooled event's seq now: the next PING carries them to a receiver of
+        minor 2 or later (a heartbeat of D's recovery point)."""
+        if not (0 <= time_us <= U64_MAX and 0 <= last_seq <= U64_MAX):
+            raise LocalProtocolError(f"announce: time {time_us} or seq {last_seq} out of range")
+        self._position = (time_us, last_seq)
+
+    def _ping(self, ts: int) -> Ping:
+        if self._position is None or self._peer_minor < HEARTBEAT_MINOR:
+            return Ping(ts)
+        return Ping(ts, *self._position)
 
     def _room(self, size: int) -> bool:
         return self._unacked_bytes == 0 or self._unacked_bytes + size <= self._window

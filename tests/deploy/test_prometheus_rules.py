@@ -80,9 +80,19 @@ def test_every_alert_is_unit_tested_firing_and_not_firing() -> None:
         "DrgateResyncNeeded",
         "DrgateConflictsRising",
         "DrgateNoActiveEgress",
+        "DrgateRecoveryPointStale",
+        "DrgateResyncStalled",
+        "DrgatePartitioned",
     }
     assert names - firing == set(), "alerts never shown firing"
     assert names - quiet == set(), "alerts never shown quiet"
+
+
+def test_no_alert_names_a_site() -> None:
+    """A promotion (or a switchover) changes which site is the primary: a rule
+    that names one would watch the wrong site afterwards."""
+    for rule in alerts():
+        assert not re.search(r"\bsite\s*=~?\s*\"", rule["expr"]), rule["alert"]
 
 
 def test_scrape_config_covers_both_sites_sidecars_and_brokers() -> None:
@@ -134,7 +144,10 @@ def test_dashboard_uses_only_exported_metrics_and_has_the_panels() -> None:
     titles = " ".join(p["title"].lower() for p in doc["panels"])
     for word in ("lag", "link", "forwarded", "spool", "conflicts", "rtt", "role"):
         assert word in titles, word
+    for words in ("recovery point at d", "split brain", "active egresses", "resync progress"):
+        assert words in titles, words
     used = {name for expr in dashboard_exprs() for name in METRIC.findall(expr)}
     assert {"drgate_lag_seconds", "drgate_lag_events", "drgate_link_rtt_seconds"} <= used
+    assert {"drgate_rpo_seconds", "drgate_rpo_events", "drgate_partitioned"} <= used
     assert used - exported_names() == set()
     assert doc["uid"] == "drgate"

@@ -3,6 +3,7 @@ streams with a virtual clock; the test plays D with a sans-IO LinkReceiver."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -92,7 +93,7 @@ async def test_streams_the_spool_after_ds_resume_point(
         hello = await accept(d, 4)
         assert (hello.origin_cluster, hello.target_cluster) == ("site-p", "site-d")
         assert await receive_through(d, 10) == list(range(5, 11))
-        assert site.egress.link_statistics().lag_events == 10  # none acked yet
+        assert site.egress.link_statistics().lag_events == 6  # D applied up to 4
         d.machine.ack(10)
         await d.pump_for(2)
         assert site.egress.acked_seq == 10
@@ -103,7 +104,7 @@ async def test_streams_the_spool_after_ds_resume_point(
         assert site.egress.status.state == "up"
     assert site.spool.floor == 10  # D's ack trimmed the spool
     marks = [c for c in site.member.posted if isinstance(c, pc.AckWatermark)]
-    assert [m.cseq for m in marks] == [10]  # the standbys are told
+    assert [m.cseq for m in marks] == [4, 10]  # the standbys are told
 
 
 async def test_each_event_carries_its_spooled_prev_seq(
@@ -297,3 +298,133 @@ async def test_refused_as_stale_the_egress_turns_the_zombie_guard_on(
     assert superseded.by_cluster == "site-d"
     assert set(superseded.guarded) == {"q-full"}  # zombie_guard: full, the default
     assert "promoted" in site.egress.status.last_error
+
+
+async def test_a_refusal_for_good_shows_link_state_refused(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """docs/observability.md: refused while D refuses for good, through the
+    standbys' "not active" answers and the retries, until a WELCOME."""
+    site = Site(tmp_path, events=1)
+    async with running(site):
+        _, d = await site.next_link()
+        await d.next_of(link.Hello)
+        await d.stream.send_all(
+            d.machine.refuse(int(link.LinkErrorCode.STALE_EPOCH), "promoted", retriable=False)
+        )
+        _, d = await site.next_link()
+        assert site.egress.status.state == "refused"
+        assert site.egress.link_statistics().state == "refused"
+        await d.next_of(link.Hello)
+        await d.stream.send_all(
+            d.machine.refuse(int(link.LinkErrorCode.NOT_ACTIVE), "standby", retriable=True)
+        )
+        _, d = await site.next_link()
+        assert site.egress.status.state == "refused"
+        await accept(d, 1)
+        await d.pump_for(1)
+        assert site.egress.status.state == "up"
+
+
+async def test_the_last_ack_of_a_burst_reaches_the_standbys(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Watermarks go out at most once a second, but the last one is never
+    held back for good: at quiescence the standbys trim to D's last ack."""
+    site = Site(tmp_path, events=6)
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 0 + 1)
+        await receive_through(d, 6)
+        await d.pump_for(1)
+        d.machine.ack(3)
+        await d.pump_for(0.1)
+        d.machine.ack(6)  # within the second after the watermark of 3
+        await d.pump_for(5)
+    marks = [c.cseq for c in site.member.posted if isinstance(c, pc.AckWatermark)]
+    assert marks == [1, 3, 6]
+
+
+async def test_a_converged_egress_reports_acked_seq_equal_to_last_seq(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """D applied everything the spool holds before this egress took over:
+    the WELCOME says so, and no ack follows (there is nothing to send)."""
+    site = Site(tmp_path, events=6)
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 6)
+        await d.pump_for(3)
+        stats = site.egress.link_statistics()
+        assert (stats.acked_seq, stats.last_seq, stats.lag_events) == (6, 6, 0)
+
+
+async def test_a_resync_cut_above_the_spools_last_event_converges(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A cut is a cseq, not every command makes an event: once D acked the
+    cut, last_seq is the cut too."""
+    site = Site(tmp_path, events=0)
+    site.member.apply(pc.QueueDeclare("q-full"), pc.QueueDeclare("local"))
+    cut = site.member.state.cseq
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 0)
+        await d.next_of(link.ResyncEnd)
+        d.machine.ack(cut)
+        await d.pump_for(3)
+        stats = site.egress.link_statistics()
+        assert (stats.acked_seq, stats.last_seq, stats.lag_events) == (cut, cut, 0)
+
+
+async def test_a_standby_reports_the_announced_ack_and_no_lag(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    site = Site(tmp_path, events=6)
+    site.role = SidecarRole.STANDBY
+    site.spool.trim(6)  # the active egress's watermark, applied by the sidecar
+    stats = site.egress.link_statistics()
+    assert (stats.acked_seq, stats.last_seq, stats.lag_events) == (6, 6, 0)
+
+
+async def test_refused_as_partitioned_the_egress_parks_and_says_so(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Split brain: D is a primary too.  The egress reports partitioned
+    (through standbys' answers) with D's text, turns the zombie guard on,
+    and a WELCOME (the operator resolved it) clears it."""
+    site = Site(tmp_path, events=1)
+    async with running(site):
+        assert not site.egress.link_statistics().partitioned
+        _, d = await site.next_link()
+        await d.next_of(link.Hello)
+        text = "split brain: site-d and site-p are both primaries; run 'drgate failback'"
+        code = int(link.LinkErrorCode.PARTITIONED)
+        await d.stream.send_all(d.machine.refuse(code, text, retriable=False))
+        _, d = await site.next_link()
+        stats = site.egress.link_statistics()
+        assert stats.partitioned and stats.state == "refused"
+        assert "drgate failback" in site.egress.status.last_error
+        await d.next_of(link.Hello)
+        await d.stream.send_all(
+            d.machine.refuse(int(link.LinkErrorCode.NOT_ACTIVE), "standby", retriable=True)
+        )
+        _, d = await site.next_link()
+        assert site.egress.link_statistics().partitioned
+        await accept(d, 1)
+        await d.pump_for(1)
+        assert not site.egress.link_statistics().partitioned
+    assert any(isinstance(c, pc.Superseded) for c in site.member.posted)
+
+
+async def test_the_egress_pings_carry_ps_clock_and_last_seq(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    site = Site(tmp_path, events=6)
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 6)
+        before = time.time() * 1e6
+        beat = await d.next_of(link.Heartbeat, within=10)
+    assert beat.last_seq == 6
+    assert before - 1e6 <= beat.time_us <= time.time() * 1e6  # P's wall clock

@@ -14,12 +14,14 @@ import trio.testing
 
 from cluster import state as st
 from cluster.bus import BusConfig
+from gateway import fencing
 from gateway import resync as rs
 from gateway.ingress import Ingress
 from gateway.linkconfig import LinkSettings
 from gateway.roles import SidecarRole
 from protocol import cluster as pc
 from protocol import link
+from protocol.link.frames import ErrorFrame, decode_frame_untrusted, encode_frame
 from protocol.modes import Mode
 from tests.support.linkpeer import LinkEnd, MemberStandIn, replicated, sidecar_config
 
@@ -152,7 +154,7 @@ async def test_a_promoted_site_fences_its_old_primary(
         async with connected(ingress, epoch=epoch) as end:
             await end.stream.send_all(end.machine.start(trio.current_time()))
             error = await end.next_of(link.PeerError)
-            assert error.code == link.LinkErrorCode.STALE_EPOCH
+            assert error.code == link.LinkErrorCode.PARTITIONED
             assert not error.retriable
             assert "was promoted" in error.text
         assert "site-p" in ingress.status.last_error
@@ -170,7 +172,7 @@ async def test_a_promotion_closes_an_open_link(
         member.apply(pc.Promote("site-p", 2, 1_700_000_000_000_000))
         end.machine.send_event(link.LinkEvent(2, 2_000, replicated(2)))
         error = await end.next_of(link.PeerError)
-        assert error.code == link.LinkErrorCode.STALE_EPOCH
+        assert error.code == link.LinkErrorCode.PARTITIONED
     assert member.state.origins["site-p"].applied[INCARNATION] == 1
 
 
@@ -295,7 +297,7 @@ async def test_no_epoch_undoes_a_promotion(
         async with connected(ingress, epoch=epoch) as end:
             await end.stream.send_all(end.machine.start(trio.current_time(), resume_point=0))
             error = await end.next_of(link.PeerError)
-            assert error.code == link.LinkErrorCode.STALE_EPOCH, epoch
+            assert error.code == link.LinkErrorCode.PARTITIONED, epoch
             assert "was promoted" in error.text
     origin = member.state.origins["site-p"]
     assert (origin.promoted, origin.epoch) == (True, 2)
@@ -389,3 +391,83 @@ async def test_the_config_sets_the_acks_batching_and_caps_the_window(
         end.machine.send_event(link.LinkEvent(3, 3_000, replicated(3)))
         assert (await end.next_of(link.Acked)).seq == 3  # one: after ack_ms
         assert trio.current_time() - start >= 5
+
+
+async def test_an_ingress_that_stops_being_active_hands_the_link_over(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A D sidecar restarted on a lower node becomes the active ingress while
+    P's link is still on the one that took over: that one ends the link
+    (retriable, naming the active one) within seconds, so the egress finds
+    the active ingress, and it no longer reports the link up."""
+    member = MemberStandIn("site-d")
+    role = SidecarRole.INGRESS
+    config = sidecar_config(tmp_path, primary=False, site="site-d", peer="site-p", node=2)
+    ingress = Ingress(config, member, role=lambda: role, active=lambda: None)  # type: ignore[arg-type]
+    async with connected(ingress) as end:
+        await hello(end)
+        end.machine.send_event(link.LinkEvent(1, 1_000, replicated(1)))
+        assert (await end.next_of(link.Acked)).seq == 1
+        role = SidecarRole.INGRESS_STANDBY
+        start = trio.current_time()
+        error = await end.next_of(link.PeerError)
+        assert trio.current_time() - start <= 2.0
+        assert error.code == link.LinkErrorCode.NOT_ACTIVE and error.retriable
+        assert "ingress-standby" in error.text
+        await trio.testing.wait_all_tasks_blocked()
+        assert ingress.status.state == "down"
+    assert ingress.links_up == 0
+
+
+async def test_a_second_primary_is_a_split_brain_both_park(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """D was promoted over P and P's egress connects (whatever its epoch):
+    refused for good as PARTITIONED, nothing applied, D reports partitioned
+    with the commands that resolve it; an older egress gets STALE_EPOCH."""
+    member = MemberStandIn("site-d")
+    member.apply(pc.Replicated("site-p", INCARNATION, 3, 1, 0, (), ()))
+    member.apply(pc.Promote("site-p", 2, 1_700_000_000_000_000))
+    ingress = make_ingress(tmp_path, member)
+    assert not ingress.link_statistics().partitioned
+    applied_before = member.state.cseq
+    async with connected(ingress, epoch=2) as end:
+        await end.stream.send_all(end.machine.start(trio.current_time()))
+        error = await end.next_of(link.PeerError)
+        await end.stream.aclose()  # the refused egress goes: the reason stays
+        await trio.testing.wait_all_tasks_blocked()
+    assert error.code == link.LinkErrorCode.PARTITIONED and not error.retriable
+    assert "split brain" in error.text
+    assert "drgate failback --config" in error.text
+    assert ingress.link_statistics().partitioned
+    assert "split brain" in ingress.status.last_error
+    assert member.state.cseq == applied_before  # nothing merged
+
+    old = link.Hello("site-p", "site-d", INCARNATION, 1, 0, 1 << 20, minor=1)
+    receiver = link.LinkReceiver(link.ReceiverConfig(cluster_id="site-d"), now=0.0)
+    receiver.receive_data(encode_frame(old))
+    hello = receiver.next_event()
+    assert isinstance(hello, link.Hello)
+    _answer, accepted = ingress.answer_hello(receiver, hello)
+    assert not accepted
+    refusal = decode_frame_untrusted(_answer)
+    assert isinstance(refusal, ErrorFrame)
+    assert refusal.code == link.LinkErrorCode.STALE_EPOCH
+
+
+async def test_the_split_brain_flag_clears_once_the_other_primary_stops(
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    member = MemberStandIn("site-d")
+    member.apply(pc.Promote("site-p", 2, 1_700_000_000_000_000))
+    ingress = make_ingress(tmp_path, member)
+    now = [1000.0]
+    monkeypatch.setattr(fencing.time, "monotonic", lambda: now[0])
+    ingress.partition.refused("site-p")
+    assert ingress.link_statistics().partitioned
+    now[0] += fencing.PARTITION_HOLD_S - 1
+    assert ingress.link_statistics().partitioned
+    now[0] += 2  # no HELLO from the other primary for PARTITION_HOLD_S
+    assert not ingress.link_statistics().partitioned

@@ -91,6 +91,10 @@ def test_every_snapshot_field_becomes_a_metric_with_constant_labels() -> None:
         ("drgate_lag_seconds", ()): 0.3,
         ("drgate_link_acked_seq", ()): 88,
         ("drgate_link_last_seq", ()): 100,
+        ("drgate_partitioned", ()): 0,
+        ("drgate_site_superseded", ()): 0,
+        ("drgate_rpo_seconds", ()): 2.5,
+        ("drgate_rpo_events", ()): 3,
         ("drgate_spool_bytes", ()): 800,
         ("drgate_spool_max_bytes", ()): 1000,
         ("drgate_spool_segments", ()): 2,
@@ -245,6 +249,7 @@ def test_status_document_fields() -> None:
     assert doc["rules_version"] == 3
     assert doc["rates"] == {"events_sent_per_second": 5.0}
     assert doc["last_error"] == ""
+    assert (doc["partitioned"], doc["rpo_seconds"], doc["rpo_events"]) == (False, 2.5, 3)
     json.dumps(doc, allow_nan=False)  # plain JSON
 
 
@@ -274,6 +279,9 @@ def test_status_document_of_a_broker_field_for_field() -> None:
         "link_gaps_total": None,
         "link_refused_total": None,
         "superseded_by": None,
+        "partitioned": None,
+        "rpo_seconds": None,
+        "rpo_events": None,
         "journal": None,
         "transfers": None,
         "rates": dict.fromkeys(doc["rates"]),

@@ -20,6 +20,7 @@ from protocol.link import (
     Codec,
     ConnectionClosed,
     EventsReceived,
+    Heartbeat,
     LinkErrorCode,
     LinkEvent,
     LinkReceiver,
@@ -43,6 +44,7 @@ from protocol.link.frames import (
     FrameType,
     Hello,
     Ping,
+    Pong,
     decode_frame_untrusted,
     encode_frame,
     frame_bytes,
@@ -377,6 +379,40 @@ def test_ping_pong_measures_the_round_trip_time() -> None:
     assert pair.sender.tick(1.25) == pytest.approx(2.0)
 
 
+def test_a_ping_carries_the_origins_time_and_last_seq_to_a_minor_2_receiver() -> None:
+    """The heartbeat of D's recovery point: P announces its clock and last
+    spooled seq, the next PING carries them, D's receiver hands them up."""
+    pair = LinkPair(sender={"ping_interval": 1.0, "heartbeat_timeout": 100.0})
+    pair.pump(0.0)
+    assert pair.welcome.minor == LINK_MINOR == 2
+    pair.sender.announce(time_us=1_700_000_000_000_000, last_seq=42)
+    ping = pair.sender.data_to_send(1.0)
+    assert decode_frame_untrusted(ping) == Ping(1_000_000, 1_700_000_000_000_000, 42)
+    pair.receiver.receive_data(ping)
+    assert pair.receiver.next_event() == Heartbeat(1_700_000_000_000_000, 42)
+    assert pair.receiver.next_event() is NEED_DATA
+    pong = decode_frame_untrusted(pair.receiver.data_to_send(1.05))
+    assert pong == Pong(1_000_000)  # the echo stays 8 bytes
+
+
+def test_a_minor_1_receiver_gets_the_8_byte_ping() -> None:
+    sender = LinkSender(sender_config(ping_interval=1.0, heartbeat_timeout=100.0))
+    sender.start(0.0)
+    sender.receive_data(encode_frame(Welcome("P", "D", INCARNATION, EPOCH, 0, 1000, minor=1)))
+    assert isinstance(sender.next_event(), Welcome)
+    sender.announce(time_us=1_700_000_000_000_000, last_seq=42)
+    sender.data_to_send(0.0)
+    assert decode_frame_untrusted(sender.data_to_send(1.0)) == Ping(1_000_000)
+
+
+def test_a_ping_of_another_length_is_malformed() -> None:
+    pair = LinkPair()
+    pair.receiver.receive_data(frame_bytes(FrameType.PING, bytes(16)))
+    with pytest.raises(RemoteProtocolError) as info:
+        pair.receiver.next_event()
+    assert info.value.code == LinkErrorCode.MALFORMED
+
+
 def test_pong_for_a_ping_never_sent_is_refused() -> None:
     pair = LinkPair()
     pair.sender.receive_data(frame_bytes(FrameType.PONG, struct.pack(">Q", 99)))
@@ -516,14 +552,14 @@ def test_unknown_major_version_is_refused_naming_both_versions() -> None:
 def test_a_sender_of_minor_version_0_is_refused_naming_both_versions() -> None:
     """Minor 1 added prev_seq to the events block: a minor-0 sender would send
     batches this end misreads, so its HELLO is refused and it is told why."""
-    assert LINK_MINOR == 1
+    assert LINK_MINOR == 2
     receiver = LinkReceiver(ReceiverConfig("D"), now=0.0)
     receiver.receive_data(encode_frame(Hello("P", "D", INCARNATION, EPOCH, 0, 1 << 20, minor=0)))
     with pytest.raises(RemoteProtocolError) as info:
         receiver.next_event()
     assert info.value.code == LinkErrorCode.UNSUPPORTED_VERSION
     assert "sender (P's egress) speaks link version 1.0" in str(info.value)
-    assert "this end speaks 1.1" in str(info.value)
+    assert "this end speaks 1.2 and needs 1.1" in str(info.value)
     assert receiver.hello is None and receiver.state is ReceiverState.ERROR
     # an old sender still reads the ERROR (its layout did not change)
     sender = LinkSender(sender_config())
@@ -532,9 +568,9 @@ def test_a_sender_of_minor_version_0_is_refused_naming_both_versions() -> None:
     event = sender.next_event()
     assert isinstance(event, PeerError)
     assert event.code == LinkErrorCode.UNSUPPORTED_VERSION and "1.0" in event.text
-    # a newer minor is welcome: it knows how to talk to minor 1
+    # a newer minor is welcome: it knows how to talk to this one
     receiver = LinkReceiver(ReceiverConfig("D"), now=0.0)
-    receiver.receive_data(encode_frame(Hello("P", "D", INCARNATION, EPOCH, 0, 1 << 20, minor=2)))
+    receiver.receive_data(encode_frame(Hello("P", "D", INCARNATION, EPOCH, 0, 1 << 20, minor=3)))
     assert isinstance(receiver.next_event(), Hello)
 
 
@@ -547,7 +583,7 @@ def test_a_receiver_of_minor_version_0_is_refused_by_the_sender() -> None:
         sender.next_event()
     assert info.value.code == LinkErrorCode.UNSUPPORTED_VERSION
     assert "receiver (D's ingress) speaks link version 1.0" in str(info.value)
-    assert "this end speaks 1.1" in str(info.value)
+    assert "this end speaks 1.2 and needs 1.1" in str(info.value)
     assert sender.state is SenderState.ERROR
     with pytest.raises(RemoteProtocolError):
         sender.send_event(ev(1))  # never streams to it

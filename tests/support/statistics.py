@@ -6,6 +6,7 @@ from typing import Any
 
 from cluster.statistics import BusSection, NodeStatistics, StateTransferSection
 from gateway.statistics import (
+    DrSection,
     LinkSection,
     ResyncSection,
     RulesSection,
@@ -96,6 +97,8 @@ def full_snapshot() -> SidecarStatistics:
             security="mutual-tls",
             tls_handshake_failures_total=2,
             peer_name_refusals_total=1,
+            superseded_by="",
+            partitioned=False,
         ),
         spool=SpoolSection(
             bytes=800,
@@ -124,5 +127,6 @@ def full_snapshot() -> SidecarStatistics:
         rules=RulesSection(version=3, failed_reloads_total=1, file_problem="", digest="ab12"),
         state_transfer=StateTransferSection(count_total=1, seconds_total=1.5),
         last_error="",
-        dr=None,
+        # A P sidecar has no dr section; set here so every metric is exported once.
+        dr=DrSection(promoted=False, epoch=1, origins={}, rpo_seconds=2.5, rpo_events=3),
     )
