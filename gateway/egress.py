@@ -15,9 +15,10 @@ One task per connection reads D's bytes into the sans-IO
 :class:`protocol.link.LinkSender`; the connection's loop handles the
 sender's events, queues spool events while the window has room, sends what
 the sender has to send and then waits in one cancel scope until the link's
-next deadline.  Anything that may give it work — bytes from D, events
-appended to the spool, a role change — calls :meth:`Egress.wake`, which
-cancels that wait (or, if the loop is busy, makes it skip the next one).
+next deadline.  Anything that may give it work (bytes from D, events, the
+durable watermark, a role change) calls :meth:`Egress.wake`, which cancels
+that wait (or, if the loop is busy, makes it skip the next one).  An event
+above the durable watermark waits for it: it is not work.
 
 The connection is mutual TLS unless the config says ``insecure: true``
 (:func:`open_link`): after the handshake the egress checks that D's
@@ -86,8 +87,7 @@ class _Session:
     welcomed: bool = False
     last_queued: int = 0  # the highest seq handed to the sender
     resync: rs.SnapshotStream | None = None  # a resync being sent
-    # The durable watermark the next spooled event waits above (None: none waits).
-    held_at: int | None = None
+    held_at: int | None = None  # the durable watermark the next event waits above
 
 
 class Egress:
@@ -276,7 +276,7 @@ class Egress:
                     self.capture.forwarded_sent(sender, self._sender_stats)
                 deadline = self._watermark_due(sender.tick(trio.current_time()))
                 if self._woken or self._has_more(session):
-                    await trio.lowlevel.checkpoint()  # others run between passes
+                    await trio.lowlevel.checkpoint()
                     continue
                 with trio.move_on_at(deadline if deadline is not None else now + IDLE_WAIT_S) as w:
                     self._waiting = w
@@ -302,9 +302,6 @@ class Egress:
             return session.sender.queued == 0 and not waiting
         durable = self._durable_limit()
         if session.held_at == durable:
-            # The next event lies above the watermark, whatever the spool's
-            # last: "more" here spun the loop without a checkpoint, and the
-            # applier that moves the watermark never ran (tests/chaos).
             return False
         last = self._spool_now().last_seq  # not statistics(): this runs at every wake
         return last is not None and min(last, durable) > session.last_queued
@@ -324,9 +321,7 @@ class Egress:
         session.held_at = None
         for seq, time_us, payload, prev_seq in spool.read_after(session.last_queued, REPLAY_BYTES):
             if seq > durable:
-                # Not on any broker's disk yet: the primary could still lose
-                # it.  The Durable command that covers it wakes us.
-                session.held_at = durable
+                session.held_at = durable  # not on any broker's disk yet
                 break
             session.sender.send_event(link.LinkEvent(seq, time_us, payload, prev_seq=prev_seq))
             if self.capture is not None:
