@@ -307,8 +307,7 @@ class Egress:
         return last is not None and min(last, durable) > session.last_queued
 
     def _durable_limit(self) -> int:
-        """The highest seq that may cross: with journaled brokers, the site's
-        durable watermark (cluster/durability.py), else anything."""
+        """The highest seq that may cross (journaled brokers: the durable watermark)."""
         if self.member.bus_config.expect_brokers == 0:
             return 2**64
         return self.member.state.durable_cseq
