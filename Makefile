@@ -13,7 +13,7 @@ DEB_PKGS := corosync prometheus libssl-dev gcc python3-dev iproute2 procps syste
 PYTEST_ARGS ?=
 
 .PHONY: demo test check-fast fuzz lint typecheck pytest deb venv clean bench-resync bench-journal \
-	bench-peer bench-cpu bench-durable chaos
+	bench-peer bench-cpu bench-durable bench-deliver chaos
 
 demo: deb $(STAMP)
 	$(VENV)/bin/drgate demo
@@ -99,6 +99,11 @@ bench-peer: $(STAMP)
 PROFILE_DIR ?= /tmp/drgate-profile
 bench-cpu: $(STAMP)
 	$(PY) bench/e2e_bench.py --cpu-only --profile $(PROFILE_DIR)
+
+# One broker serving one consumer in one process: the delivery path's cost
+# (bench/broker_deliver.py; docs/performance.md).
+bench-deliver: $(STAMP)
+	$(PY) bench/broker_deliver.py
 
 # A randomized fault run (tests/chaos, docs/chaos.md): two durable sites,
 # clients for the whole run, FAULTS overlapping faults drawn from SEED (a
