@@ -102,9 +102,9 @@ def test_with_p_killed_ds_recovery_point_rises_with_wall_time(two: TwoSites) -> 
 
 def test_a_restarted_ingress_and_the_active_one_agree_within_seconds(tmp_path: Path) -> None:
     """D's sidecar 1 killed: sidecar 2 takes the link.  Restarted, sidecar 1
-    is the active ingress again (the lowest node): sidecar 2 hands the link
-    over, and the three D sidecars' /status agree at once: one ingress, whose
-    link is up, at the applied point P's egress reports acked."""
+    is a standby (the active sidecar is the one ready longest), and the three
+    D sidecars' /status agree within seconds: one ingress, whose link is up,
+    at the applied point P's egress reports acked."""
     with TwoSites(workdir=tmp_path, metrics=True) as two:
         done = two.p.admin(1, "add-queue", "q-full", "--replicate", "full")
         assert done.returncode == 0, done.stderr
@@ -120,14 +120,13 @@ def test_a_restarted_ingress_and_the_active_one_agree_within_seconds(tmp_path: P
             applied = {d["resync"].get("epoch") for d in docs}
             return (
                 roles
-                == [("ingress", "up"), ("ingress-standby", "down"), ("ingress-standby", "down")]
+                == [("ingress-standby", "down"), ("ingress", "up"), ("ingress-standby", "down")]
                 and egress["link_state"] == "up"
                 and egress["acked_seq"] == egress["last_seq"]
                 and len(applied) == 1
             )
 
-        took = wait_for("the D sidecars' status agrees", agree, timeout=30)
-        assert took < 15, took
+        wait_for("the D sidecars' status agrees", agree, timeout=15)
 
         def p_converged(n: int) -> bool:
             doc = status(two, "site-p", n)
