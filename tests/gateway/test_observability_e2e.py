@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from proton.utils import BlockingConnection
 
 from gateway.spool import Spool
 from lab.site import ROOT, Proc, TwoSites, drgate_argv, finish_client
@@ -170,6 +171,21 @@ def two(tmp_path: Path) -> Iterator[TwoSites]:
         yield sites
 
 
+def one_by_one(url: str, queue: str, count: int) -> int:
+    """Receive and accept ``count`` messages, the next one asked for only
+    after the accept: each accept reaches the broker alone, so each is one
+    event (the broker makes one command of the accepts that arrive together)."""
+    conn = BlockingConnection(url, timeout=60)
+    try:
+        receiver = conn.create_receiver(queue, credit=1)
+        for _ in range(count):
+            receiver.receive(timeout=60)
+            receiver.accept()
+        return count
+    finally:
+        conn.close()
+
+
 def test_counters_status_and_replayed_duplicates(two: TwoSites) -> None:
     _, broker_port = start_metrics_broker(two, 4)
     for queue, mode in MODES.items():
@@ -193,12 +209,7 @@ def test_counters_status_and_replayed_duplicates(two: TwoSites) -> None:
     for publisher in publishers:
         result = finish_client(publisher, timeout=60)
         assert result["rejected"] == 0 and result["error"] == "", result
-    # Credit 1: each accept arrives alone, so each is one event (the broker
-    # makes one command of the accepts that arrive together).
-    consumed = two.p.client(
-        2, "consume", two.p.amqp[2], "q-full", "--count", str(P), "--credit", "1", timeout=60
-    )
-    assert consumed["received"] == P
+    assert one_by_one(two.p.amqp[2], "q-full", P) == P
     expected_lag = N + M + P  # events of the workload: publishes to full/enqueue, accepts
     wait_for(
         "the egress has tapped the whole workload",
