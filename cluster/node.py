@@ -51,9 +51,9 @@ from cluster.amqp import (
     Outcome,
     OutgoingLink,
     Rejected,
-    serve_amqp,
 )
 from cluster.amqpauth import AmqpSecurity, Principal
+from cluster.amqpserver import serve_amqp
 from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
 from cluster.durability import JournalSettings, NodeJournal
 from cluster.member import FORCE_HINT, BusOpener, NullObserver, SiteMember

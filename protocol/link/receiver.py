@@ -78,7 +78,6 @@ from protocol.link.frames import (
     Codec,
     ErrorFrame,
     Frame,
-    FrameSplitter,
     Hello,
     LinkErrorCode,
     Ping,
@@ -93,6 +92,7 @@ from protocol.link.frames import (
     remote_error,
 )
 from protocol.link.machine import Failure, TransitionTable
+from protocol.link.splitter import FrameSplitter
 
 # Ack after 256 applied events or 20 ms, whichever first: one ACK per few
 # batches keeps the return path quiet, and 20 ms is small next to the linger

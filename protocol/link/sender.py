@@ -68,7 +68,6 @@ from protocol.link.frames import (
     Codec,
     ErrorFrame,
     Frame,
-    FrameSplitter,
     Hello,
     LinkErrorCode,
     Ping,
@@ -85,6 +84,7 @@ from protocol.link.frames import (
     remote_error,
 )
 from protocol.link.machine import Failure, TransitionTable
+from protocol.link.splitter import FrameSplitter
 
 # 8 MiB of unacked events: at 50 ms RTT that still allows ~160 MB/s, and it
 # bounds what the receiver may have to hold (it enforces the same window).

@@ -24,7 +24,7 @@ from proton.handlers import MessagingHandler
 from proton.reactor import AtMostOnce, Container, DynamicNodeProperties, LinkOption
 from proton.utils import BlockingConnection, LinkDetached, SendException
 
-from cluster import amqp
+from cluster import amqp, amqpserver
 
 pytestmark = pytest.mark.integration
 
@@ -126,7 +126,7 @@ class MemoryHandler:
 
 async def start_server(nursery: trio.Nursery, handler: MemoryHandler, **kwargs: Any) -> int:
     port: int = await nursery.start(
-        functools.partial(amqp.serve_amqp, handler, "127.0.0.1", 0, **kwargs)
+        functools.partial(amqpserver.serve_amqp, handler, "127.0.0.1", 0, **kwargs)
     )
     return port
 

@@ -31,11 +31,11 @@ from protocol.link import (
 )
 from protocol.link.frames import (
     HEADER_SIZE,
-    FrameSplitter,
     LinkErrorCode,
     decode_frame_untrusted,
     encode_frame,
 )
+from protocol.link.splitter import FrameSplitter
 from tests.support.mutate import Mutator, fuzz
 
 VECTORS = Path(__file__).resolve().parent.parent / "vectors" / "link"

@@ -38,7 +38,6 @@ from protocol.link.frames import (
     Codec,
     ErrorFrame,
     Frame,
-    FrameSplitter,
     FrameType,
     Hello,
     LinkErrorCode,
@@ -54,6 +53,7 @@ from protocol.link.frames import (
     frame_bytes,
     pack_events,
 )
+from protocol.link.splitter import FrameSplitter
 
 VECTORS_DIR = pathlib.Path(__file__).resolve().parents[1] / "vectors" / "link"
 ROOT = pathlib.Path(__file__).resolve().parents[2]
