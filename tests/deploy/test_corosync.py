@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from lab.corosyncconf import RingNode, quorum_section, render_corosync_conf
 from lab.netns import CorosyncSite
-from tests.lab import corosync_lab
+from tests.lab import corosync_lab, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 COROSYNC = ROOT / "deploy" / "corosync"
@@ -94,14 +93,11 @@ def test_the_command_line_renders_and_names_a_bad_node() -> None:
 
 
 def quorum_seen(site: CorosyncSite, expect: dict[int, tuple[int, bool]]) -> None:
-    deadline = time.monotonic() + 20
-    seen = {}
-    while time.monotonic() < deadline:
-        seen = {n: site.members_seen_by(n) for n in expect}
-        if seen == expect:
-            return
-        time.sleep(0.2)  # polling corosync-quorumtool: no event to wait on
-    raise AssertionError(f"membership and quorum {seen}, expected {expect}")
+    wait_for(
+        f"every node sees membership and quorum {expect}",
+        lambda: {n: site.members_seen_by(n) for n in expect} == expect,
+        timeout=20,
+    )
 
 
 @pytest.mark.corosync

@@ -78,13 +78,23 @@ def test_a_link_between_two_primaries_parks_both_and_merges_nothing(two: TwoSite
     p_status = status(two, "site-p", 1)
     assert p_status["link_state"] == "refused"  # docs/observability.md
     assert p_status["superseded_by"] == "site-d"
-    time.sleep(6)  # a retry or two of the refused egress (polling other processes)
+    tried = metric(two, "site-p", "drgate_link_reconnects_total") or 0
+    wait_for(
+        "the refused egress tries twice more",
+        lambda: (metric(two, "site-p", "drgate_link_reconnects_total") or 0) >= tried + 2,
+        timeout=30,
+    )
     assert (depths(two.p), depths(two.d)) == (p_before, d_before), "something was merged"
 
 
 def test_with_p_killed_ds_recovery_point_rises_with_wall_time(two: TwoSites) -> None:
     # Idle P: its heartbeats keep D's recovery point within a ping interval.
-    time.sleep(7)  # more than a ping interval with nothing published
+    quiet_since = time.monotonic()
+    wait_for(
+        "more than a ping interval passes with nothing published",
+        lambda: time.monotonic() - quiet_since > 7,
+        timeout=30,
+    )
     idle = metric(two, "site-d", "drgate_rpo_seconds")
     assert idle is not None and idle <= 7.0, idle
     assert metric(two, "site-d", "drgate_rpo_events") == 0
@@ -93,9 +103,14 @@ def test_with_p_killed_ds_recovery_point_rises_with_wall_time(two: TwoSites) -> 
     two.p.kill("sidecar-1")
     two.p.kill("broker-1")
     first_at, first = time.monotonic(), metric(two, "site-d", "drgate_rpo_seconds")
-    time.sleep(4)  # wall time passes while P is gone
+    assert first is not None
+    wait_for(
+        "D's recovery point rises while P is gone",
+        lambda: (metric(two, "site-d", "drgate_rpo_seconds") or 0) >= first + 3,
+        timeout=30,
+    )
     later_at, later = time.monotonic(), metric(two, "site-d", "drgate_rpo_seconds")
-    assert first is not None and later is not None
+    assert later is not None
     assert later - first == pytest.approx(later_at - first_at, abs=0.5)
     assert later > idle
 
