@@ -59,6 +59,10 @@ P_CONSUMED = ("q-full", "q-enq", "q-switch")  # consumed at P, a few at a time
 P_CONSUME_COUNT = 20  # per P consumer process: P's queues grow, slower than published
 P_CONSUME_PAUSE_S = 2.0
 D_CONSUMED = ("q-enq",)
+# Per D consumer process: it ends after this many, or when idle.  Without a
+# count a steady flow (30/s) kept it busy past CLIENT_HANG_S and it was
+# reported stuck (CI's fresh seed; seed 2025 on corosync): about 10 s of flow.
+D_CONSUME_COUNT = 300
 SUPERVISE_TICK_S = 0.1
 # A client still running after this long is stuck (a batch takes BATCH_S):
 # killed, and named in the report.
@@ -224,14 +228,8 @@ class Clients:
         slot.record = self.records / f"{slot.name}-{slot.runs}.jsonl"
         args = [slot.op, url, slot.queue, "--record", str(slot.record)]
         if slot.op == "publish":
-            count = int(RATE[slot.queue] * BATCH_S)
-            slot.batch = (slot.next_seq, count)
-            args += ["--count", str(count), "--start", str(slot.next_seq), "--prefix", slot.queue]
-            args += ["--rate", str(RATE[slot.queue]), "--durable", "--window", "20"]
-        elif site is self.two.p:
-            args += ["--count", str(P_CONSUME_COUNT), "--idle", "2", "--credit", "10"]
-        else:
-            args += ["--idle", "3", "--credit", "50"]
+            slot.batch = (slot.next_seq, int(RATE[slot.queue] * BATCH_S))
+        args += client_options(slot.op, slot.queue, at_p=site is self.two.p, start=slot.next_seq)
         slot.popen = site.client_popen(node, *args)
         slot.started, slot.url = time.monotonic(), url
 
@@ -260,6 +258,21 @@ class Clients:
             slot.deliveries += deliveries(slot.record, slot.runs, broken=broken)
             if slot.site is self.two.p:
                 slot.not_before = time.monotonic() + P_CONSUME_PAUSE_S
+
+
+def client_options(op: str, queue: str, *, at_p: bool, start: int) -> list[str]:
+    """A client run's options: a publisher's batch of ``BATCH_S`` at its rate
+    from ``start``; a consumer's count, idle time and credit.  Every run ends
+    on its own well within ``CLIENT_HANG_S``, however steady the flow."""
+    if op == "publish":
+        count = int(RATE[queue] * BATCH_S)
+        return [
+            "--count", str(count), "--start", str(start), "--prefix", queue,
+            "--rate", str(RATE[queue]), "--durable", "--window", "20",
+        ]  # fmt: skip
+    if at_p:
+        return ["--count", str(P_CONSUME_COUNT), "--idle", "2", "--credit", "10"]
+    return ["--count", str(D_CONSUME_COUNT), "--idle", "3", "--credit", "50"]
 
 
 def deliveries(record: Path, conn: int, *, broken: bool) -> list[Delivery]:
