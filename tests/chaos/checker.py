@@ -15,8 +15,9 @@ Per queue, by the mode it ends in:
   received twice at D is a duplicate unless the earlier receipt was on a
   connection that broke (its accept may never have reached the broker) or
   was never accepted (it arrived after its consumer closed), and a message
-  received again must come marked redelivered; nothing at D P did not
-  accept;
+  received again must come marked redelivered; a message first received
+  marked redelivered (sent before to a consumer that never recorded it) is
+  outside the order check; nothing at D P did not accept;
 * ``full``: D's queue equals P's, message by message and by digest (by
   digest and depth when D's replica is read-only, as a full one is);
 * ``wiring``: the queue is at D and empty; ``none``: absent at D.
@@ -122,7 +123,12 @@ def _check_copy(deliveries: list[Delivery], final: list[str], accepted: list[str
         earlier = first.get(d.message_id)
         if earlier is None:
             first[d.message_id] = d
-            order.append(d.message_id)
+            if not d.redelivered:
+                # A message first seen marked redelivered went out before to a
+                # consumer that never recorded it (its broker died with the
+                # transfer on the wire) and came back to the queue: later ones
+                # may have been taken meanwhile, so it has no place in the order.
+                order.append(d.message_id)
         elif earlier.conn == d.conn or earlier.settled:
             problems.append(
                 f"{d.message_id} delivered twice (connections {earlier.conn} and {d.conn}, "

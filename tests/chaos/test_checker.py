@@ -99,3 +99,15 @@ def test_a_read_only_full_replica_is_checked_by_digest_and_depth() -> None:
     assert check([record]) == [
         "f (full): D holds 2 messages (digest abd), P 2 (digest abc), from ['f-1'] on"
     ]
+
+
+def test_a_message_that_came_back_to_the_queue_may_arrive_after_later_ones() -> None:
+    # Seed 2025 on corosync: q-switch-2750 after q-switch-2767 at P.  A
+    # transfer on the wire when its broker died reached no client; the
+    # message went back to the queue, marked redelivered, while another
+    # consumer took the later ones.
+    back = Delivery("q-1", 2, False, redelivered=True)
+    assert check([enq(d_deliveries=[Delivery("q-2", 1, False), back])]) == []
+    unmarked = Delivery("q-1", 2, False)
+    problems = check([enq(d_deliveries=[Delivery("q-2", 1, False), unmarked])])
+    assert problems == ["q at D: q-1 after q-2: out of order"]
