@@ -151,9 +151,15 @@ def test_a_resync_bigger_than_one_bus_command_seeds_d(two: TwoSites) -> None:
 def test_wan_cut_during_a_resync_restarts_it(two_any: TwoSites) -> None:
     two = two_any
     load_p(two)
-    for n in two.nodes:  # slow enough to cut the resync in the middle
-        two.wan(n, "set rate_bps=40000 dir=up")
-    two.start_d_sidecars()
+    # Slow enough to cut the resync in the middle, fast enough for a chunk
+    # to arrive within the heartbeat timeout: the link compresses the
+    # snapshot's 2.1 MB to about 180 KB in three chunks, which take about
+    # 15 s at 12 kB/s.  D's ingress alone is started, and watched from the
+    # moment it is ready: all three took longer to start than the whole
+    # resync at 40 kB/s (CI failed it); its standbys start after the cut.
+    for n in two.nodes:
+        two.wan(n, "set rate_bps=12000 dir=up")
+    two.start_sidecar(two.d, 1)
 
     def midway() -> bool:
         resync = status(two, "site-d", 1)["resync"]
@@ -167,6 +173,8 @@ def test_wan_cut_during_a_resync_restarts_it(two_any: TwoSites) -> None:
     for n in two.nodes:
         two.wan(n, "set rate_bps=0 dir=up")
         two.wan(n, "restore")
+    for n in two.nodes[1:]:
+        two.start_sidecar(two.d, n)
     wait_for("D's full replica equals P's queue", lambda: converged(two, queue="q-full"))
     assert status(two, "site-d", 1)["resync"]["total"] >= 2
     check_enqueue(two, LOADED)
