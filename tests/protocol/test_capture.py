@@ -106,7 +106,7 @@ def read_segment(data: bytes, chunk_size: int = 7) -> tuple[CaptureReader, list[
 # --- round trips -------------------------------------------------------------
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(segments(), st.integers(1, 64))
 def test_segment_round_trip(seg: Segment, chunk_size: int) -> None:
     header, recs, end = seg
@@ -122,7 +122,6 @@ def test_segment_round_trip(seg: Segment, chunk_size: int) -> None:
         assert reader.trailer is None
 
 
-@settings(max_examples=150)
 @given(segments())
 def test_scan_agrees_with_decoder(seg: Segment) -> None:
     header, recs, end = seg
@@ -321,14 +320,12 @@ def _decode_everything(data: bytes) -> None:
     scan_segment_untrusted(data)
 
 
-@settings(max_examples=300)
 @given(st.binary(max_size=300))
 def test_random_bytes_only_protocol_errors(data: bytes) -> None:
     with contextlib.suppress(RemoteProtocolError):
         _decode_everything(data)
 
 
-@settings(max_examples=300)
 @given(st.binary(max_size=200))
 def test_random_bytes_after_valid_preamble(data: bytes) -> None:
     with contextlib.suppress(RemoteProtocolError):

@@ -850,7 +850,7 @@ def test_the_refused_event_comes_again_after_a_reconnect_and_is_handed_up(heal: 
     assert (stats.duplicates, stats.gaps, stats.acked_seq) == (0, 0, 7)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(deadline=None)
 @given(
     steps=st.lists(st.integers(1, 4), min_size=1, max_size=40),
     lost=st.sets(st.integers(0, 39), max_size=4),
@@ -882,7 +882,7 @@ def test_a_stream_with_holes_is_handed_up_exactly_to_the_first_hole(
 # ---------------------------------------------------------------------------
 
 
-@settings(max_examples=60, deadline=None)
+@settings(deadline=None)
 @given(
     n_events=st.integers(1, 120),
     gaps=st.lists(st.integers(1, 5), min_size=120, max_size=120),
@@ -993,7 +993,7 @@ OPS = st.sampled_from(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(st.lists(OPS, max_size=40), st.data())
 def test_random_walk_raises_only_typed_errors(ops: list[str], data: st.DataObject) -> None:
     pair = LinkPair(window=3000, sender={"linger": 0.002, "ping_interval": 0.5})
@@ -1038,7 +1038,7 @@ def test_random_walk_raises_only_typed_errors(ops: list[str], data: st.DataObjec
             assert stats.unacked_bytes >= 0
 
 
-@settings(max_examples=100, deadline=None)
+@settings(deadline=None)
 @given(st.integers(0, 10_000), st.integers(0, 7), st.binary(max_size=20))
 def test_bit_flips_and_junk_in_a_live_stream_raise_only_remote_errors(
     position: int, bit: int, junk: bytes
@@ -1101,7 +1101,7 @@ def test_cut_at_every_point_of_a_stream_then_resume() -> None:
     assert unclean > len(wire) // 11 // 2
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(st.booleans(), st.lists(st.binary(max_size=40), max_size=5))
 def test_random_bytes_into_either_machine_raise_only_remote_errors(
     handshaken: bool, chunks: list[bytes]
