@@ -361,7 +361,11 @@ def damaged_segments(draw: st.DrawFn) -> bytes:
     if how <= 2:
         return mutated(draw, good)
     blocks = _blocks(good)
-    i = draw(st.integers(0, len(blocks) - 1))
+    records_at = [k for k, (tag, _) in enumerate(blocks) if tag == capture.TAG_RECORD]
+    if draw(st.integers(0, 3)):  # mostly a record: the parser the others lead to
+        i = draw(st.sampled_from(records_at))
+    else:
+        i = draw(st.integers(0, len(blocks) - 1))
     tag, body = blocks[i]
     if how == 3:
         del blocks[i]

@@ -979,7 +979,7 @@ def test_every_missing_table_key_is_a_typed_error(
 # each entry alike: an operation listed five times is drawn five times as
 # often).  CLEAN ones keep the stream whole: what the sender took, D gets.
 CLEAN = (
-    *["event"] * 6,
+    *["event"] * 8,
     *["pump"] * 2,
     *["advance"] * 2,
     "ack",  # at or below what D was handed: a repeat is harmless
@@ -1005,9 +1005,10 @@ FAULTS = (
 
 @st.composite
 def walks(draw: st.DrawFn) -> list[str]:
-    """Half the walks only CLEAN operations; the others a fault now and then."""
-    pool = CLEAN if draw(st.booleans()) else CLEAN * 2 + FAULTS
-    return draw(st.lists(st.sampled_from(pool), min_size=4, max_size=40))
+    """Half the walks only CLEAN operations; the others a fault now and then
+    (about one operation in six)."""
+    pool = CLEAN if draw(st.booleans()) else CLEAN * 4 + FAULTS
+    return draw(st.lists(st.sampled_from(pool), min_size=8, max_size=40))
 
 
 def _step(pair: LinkPair, op: str, data: st.DataObject, sent: list[LinkEvent]) -> None:

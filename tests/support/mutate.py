@@ -213,8 +213,9 @@ def mutated(
     draw: st.DrawFn, data: bytes, *, fields: Sequence[tuple[int, int]] = (), rounds: int = 3
 ) -> bytes:
     """Inside a ``@st.composite``: ``data`` with 1..``rounds`` of the
-    :class:`Mutator`'s mutations, drawn by Hypothesis."""
-    rng = draw(st.randoms(use_true_random=False))
+    :class:`Mutator`'s mutations, from a ``random.Random`` Hypothesis seeds
+    (its own draws would favour the first mutation and the smallest values)."""
+    rng = draw(st.randoms(use_true_random=True))
     return Mutator(rng, [data]).mutate(data, fields=fields, rounds=rounds)
 
 
