@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from lab.lifetime import MountError, tmpfs
 from lab.netns import CorosyncSite, lab_unavailable_reason, list_netns
@@ -120,6 +121,18 @@ def status(two: TwoSites, site: str, node: int) -> dict[str, Any]:
     with urllib.request.urlopen(two.status_url(site, node), timeout=5) as reply:
         result: dict[str, Any] = json.load(reply)
         return result
+
+
+def metric(two: TwoSites, site: str, name: str, node: int = 1) -> float | None:
+    """One sample of a sidecar's /metrics, scraped over HTTP (None: absent)."""
+    url = two.status_url(site, node).removesuffix("/status") + "/metrics"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    return None
 
 
 def converged(two: TwoSites, d_node: int = 2, queue: str = "q-full") -> bool:

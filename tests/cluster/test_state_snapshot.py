@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,7 +207,6 @@ def check_invariants(state: SiteState) -> None:
 
 
 @settings(
-    max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -336,7 +334,7 @@ def test_restore_refuses_bad_input_with_remote_protocol_error(mutate: object, wo
         restore_untrusted(mutate(blob))  # type: ignore[operator]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(st.data())
 def test_restore_fuzz_fails_only_with_remote_protocol_error(data: st.DataObject) -> None:
     blob = bytearray(snapshot(busy_state()))
@@ -347,28 +345,17 @@ def test_restore_fuzz_fails_only_with_remote_protocol_error(data: st.DataObject)
         restore_untrusted(bytes(blob))
 
 
-def test_snapshot_of_100k_messages_is_fast() -> None:
+def test_a_big_queue_round_trips_through_a_snapshot() -> None:
+    # Its speed is a figure in bench/snapshot_bench.py, not an assertion here.
     s = new_state()
     apply(s, pc.QueueDeclare("q"))
-    body = b"x" * 100
-    for i in range(100_000):
-        apply(s, pc.Publish("", "q", body, f"id-{i}", {"n": i} if i % 10 == 0 else {}, ref=i))
-    t0 = time.perf_counter()
-    blob = snapshot(s)
-    t1 = time.perf_counter()
-    r = restore(blob)
-    t2 = time.perf_counter()
-    d = digest(r)
-    t3 = time.perf_counter()
-    assert d == digest(s)
-    assert len(messages(r, "q")) == 100_000
-    print(
-        f"\nsnapshot 100k msgs: {len(blob) / 1e6:.1f} MB, encode {t1 - t0:.3f}s, "
-        f"restore {t2 - t1:.3f}s, digest {t3 - t2:.3f}s"
-    )
-    # Generous bounds for a shared 2-core machine; measured figures are in the report.
-    assert t1 - t0 < 3.0
-    assert t2 - t1 < 3.0
+    for i in range(5_000):
+        apply(s, pc.Publish("", "q", b"x" * 100, f"id-{i}", {"n": i} if i % 10 == 0 else {}, ref=i))
+    r = restore(snapshot(s))
+    assert digest(r) == digest(s)
+    got = messages(r, "q")
+    assert len(got) == 5_000
+    assert got == messages(s, "q")
 
 
 def seeded_workload(seed: int, n: int) -> list[Any]:

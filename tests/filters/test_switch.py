@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import struct
 
 import pytest
 from hypothesis import given
@@ -21,6 +22,7 @@ from filters.switch import (
 )
 from protocol.errors import RemoteProtocolError, RulesError
 from protocol.modes import Mode
+from tests.support.mutate import NO_SHRINK, Reach, mutated
 
 OLD = "version: 1\ndefault: {mode: none}\n"
 NEW = (
@@ -114,10 +116,46 @@ def test_payload_round_trip(text: str, version: int) -> None:
     assert RulesPayload.from_bytes(p.to_bytes()) == p
 
 
-@given(st.binary(max_size=120))
-def test_payload_decoder_fails_only_with_remote_protocol_error(data: bytes) -> None:
-    with contextlib.suppress(RemoteProtocolError):
-        RulesPayload.from_bytes_untrusted(data)
+_HEAD = struct.Struct(">4sBQ32sI")  # magic, format, rules_version, sha256, text length
+
+
+@st.composite
+def damaged_payloads(draw: st.DrawFn) -> bytes:
+    """A valid payload whose text is damaged, then given back its magic,
+    format, length and sha256, so the text decoding runs; one in ten is
+    damaged anywhere and left as it is, one in twenty is left whole."""
+    text = draw(st.sampled_from([OLD, NEW]) | st.text(max_size=200))
+    good = RulesPayload.for_text(text, draw(st.integers(0, 2**64 - 1))).to_bytes()
+    how = draw(st.integers(0, 19))
+    if how == 0:
+        return good
+    if how <= 2:
+        return mutated(draw, good, fields=((5, 8), (45, 4)))
+    _, _, version, _, _ = _HEAD.unpack_from(good)
+    body = mutated(draw, good[_HEAD.size :])
+    digest = hashlib.sha256(body).digest()
+    return _HEAD.pack(b"DRRS", 1, version, digest, len(body)) + body
+
+
+def test_payload_decoder_fails_only_with_remote_protocol_error() -> None:
+    reach = Reach("rules payload")
+
+    @NO_SHRINK
+    @given(damaged_payloads())
+    def decode(data: bytes) -> None:
+        try:
+            payload = RulesPayload.from_bytes_untrusted(data)
+        except RemoteProtocolError as exc:
+            reach.note("not UTF-8" in str(exc))  # refused by the text decoding
+            return
+        reach.note(True)
+        # What the taps then do with it: load the text (or refuse it, typed).
+        assert payload.digest == hashlib.sha256(payload.text.encode()).digest()
+        with contextlib.suppress(RulesError):
+            apply_switch(load_rules(OLD, "r.yaml"), payload, cseq=1)
+
+    decode()
+    reach.check()
 
 
 @pytest.mark.parametrize(

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from lab.site import ROOT, TwoSites, drgate_argv, finish_client
-from tests.lab import queues, status, wait_for
+from tests.lab import metric, queues, status, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -34,18 +32,6 @@ def publish(site: Any, queue: str, count: int) -> int:
 
 def depths(site: Any) -> dict[str, int]:
     return {name: q["depth"] for name, q in queues(site.describe(1)).items()}
-
-
-def metric(two: TwoSites, cluster: str, name: str) -> float | None:
-    """One gauge of a sidecar's /metrics, scraped over HTTP (None: absent)."""
-    url = two.status_url(cluster, 1).removesuffix("/status") + "/metrics"
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        text = reply.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                return float(sample.value)
-    return None
 
 
 @pytest.fixture

@@ -26,7 +26,6 @@ from protocol import cluster as pc
 from tests.lab import BUSES, converged, queues, require_bus, status, wait_for
 from tests.support.state import genesis_state, p_with_messages
 
-DEADLINE_S = 60.0
 MODES = {"q-full": "full", "q-enq": "enqueue", "q-wire": "wiring", "q-none": "none"}
 LOADED = 10_000
 
@@ -93,7 +92,9 @@ def test_empty_d_is_seeded_by_resync_while_p_takes_traffic(two: TwoSites) -> Non
     two.start_d_sidecars()
     for p in live:
         assert finish_client(p)["accepted"] == 2000
-    took = wait_for("D's full replica equals P's queue", lambda: converged(two, queue="q-full"))
+    # wait_for fails past its deadline; the time taken is a figure, printed
+    # here and measured at scale by bench/resync_bench.py.
+    wait_for("D's full replica equals P's queue", lambda: converged(two, queue="q-full"))
     print(f"resync of {2 * LOADED} messages and catch-up: {time.monotonic() - started:.1f} s")
     d = queues(two.d.describe(3))
     assert d["q-full"]["depth"] == LOADED + 2000 - 1000
@@ -106,7 +107,6 @@ def test_empty_d_is_seeded_by_resync_while_p_takes_traffic(two: TwoSites) -> Non
     # Normal streaming after the resync.
     assert finish_client(publish(two, "q-full", 100, start=LOADED + 2001))["accepted"] == 100
     wait_for("the stream after the resync reaches D", lambda: converged(two, queue="q-full"))
-    assert took < DEADLINE_S
 
 
 # More than the 60 MiB a resync could carry when it crossed D's bus as one

@@ -1,4 +1,5 @@
-"""The spool (gateway/spool.py, spoolfile.py): model round trips, recovery, overflow, fsync."""
+"""The spool (gateway/spool.py, spoolfile.py): round trips, recovery, overflow, fsync
+(the model-based test is tests/gateway/test_spool_model.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,9 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from gateway import spool as sp
 from gateway import spoolfile as sf
@@ -219,9 +216,16 @@ def test_overflow_keeps_newest_and_reports_needs_resync(tmp_path: Path) -> None:
         assert stats.overflowed and stats.needs_resync
         assert stats.overflow_count > 0
         assert stats.first_lost_seq == 1
+        # What must be kept, from the bound and the sizes alone: whole segments
+        # of `per_segment` records, the newest ones that fit in max_bytes.
+        record = sf.HEADER_SIZE + 60
+        per_segment = (seg_bytes - sf.PREAMBLE_SIZE) // record
+        last_segment = 400 % per_segment or per_segment
+        room = max_bytes - (sf.PREAMBLE_SIZE + last_segment * record)
+        full_segments = room // (sf.PREAMBLE_SIZE + per_segment * record)
         kept = read_all(s)
-        assert kept == evs[-len(kept) :]  # the newest events, contiguous up to the last
-        assert kept[0][0] == stats.lost_upto + 1
+        assert kept == evs[-(last_segment + full_segments * per_segment) :]
+        assert stats.lost_upto == kept[0][0] - 1 == 400 - len(kept)
         assert s.needs_resync(0)
         assert s.needs_resync(stats.lost_upto - 1)
         assert not s.needs_resync(stats.lost_upto)
@@ -627,198 +631,3 @@ def test_fsync_policy(
 
 def test_default_fsync_is_batch() -> None:
     assert sp.DEFAULT_FSYNC is FsyncPolicy.BATCH
-
-
-# --- model-based ------------------------------------------------------------------
-
-
-class SpoolMachine(RuleBasedStateMachine):
-    """Random appends (some on a full disk), trims, reads, reopens, rejoins,
-    whole-site recoveries and new incarnations against a list of events.  The
-    honesty invariant: every event above the floor that was appended is read
-    back, and every event that was not (a failed write, a join point) is at or
-    below the floor."""
-
-    MAX = 6000
-    SEG = 1500
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.dir = Path(tempfile.mkdtemp(prefix="spool-model-"))
-        self.incarnation = 9
-        self.recoveries: list[int] = []  # the cseq each whole-site recovery continued from
-        self.spool = self.open()
-        self.model: list[Event] = []  # appended and written
-        self.next_seq = 1
-        self.last = 0  # the seq of the last event produced (as the tap's prev_seq)
-        self.trimmed = 0
-        self.min_floor = 0  # the floor must be at least this: failed writes, join points
-
-    def open(self, start_after: int | None = None) -> Spool:
-        return Spool.open(
-            self.dir,
-            max_bytes=self.MAX,
-            segment_bytes=self.SEG,
-            fsync="never",
-            incarnation=self.incarnation,
-            start_after=start_after,
-            recoveries=self.recoveries,
-        )
-
-    def teardown(self) -> None:
-        self.spool.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def expected(self, after: int = 0) -> list[Event]:
-        """What the spool should return: written, above the watermark, and not
-        in a segment an overflow dropped (those are a prefix)."""
-        first = self.spool.statistics().first_seq
-        lowest = first if first is not None else self.next_seq
-        return [e for e in self.model if e[0] > max(after, self.trimmed) and e[0] >= lowest]
-
-    def batch(self, sizes: list[int], gaps: list[int]) -> list[Event]:
-        out = []
-        for size, gap in zip(sizes, gaps, strict=False):
-            out.append((self.next_seq, self.next_seq * 7, os.urandom(size), self.last))
-            self.last = self.next_seq
-            self.next_seq += gap
-        return out
-
-    @rule(
-        sizes=st.lists(st.integers(0, 400), min_size=1, max_size=20),
-        gaps=st.lists(st.integers(1, 5), min_size=20, max_size=20),
-    )
-    def append(self, sizes: list[int], gaps: list[int]) -> None:
-        batch = self.batch(sizes, gaps)
-        self.spool.append_many(batch)
-        self.model.extend(batch)
-
-    @rule(
-        sizes=st.lists(st.integers(0, 400), min_size=1, max_size=10),
-        gaps=st.lists(st.integers(1, 5), min_size=10, max_size=10),
-        budget=st.integers(0, 600),
-        state_fails=st.booleans(),
-    )
-    def append_on_a_full_disk(
-        self, sizes: list[int], gaps: list[int], budget: int, state_fails: bool
-    ) -> None:
-        batch = self.batch(sizes, gaps)
-        real = os.write
-        left = [budget]
-
-        def write(fd: int, data: bytes | memoryview) -> int:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            if not (target.endswith(".seg") or (state_fails and ss.STATE_FILE in target)):
-                return real(fd, data)
-            if left[0] <= 0:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            n = real(fd, bytes(data[: left[0]]))
-            left[0] -= n
-            return n
-
-        os.write = write  # type: ignore[assignment]
-        try:
-            self.spool.append_many(batch)
-        finally:
-            os.write = real
-        written = {e[0] for e in read_all(self.spool)}
-        self.model.extend(e for e in batch if e[0] in written)
-        if not {e[0] for e in batch} <= written:
-            self.min_floor = max(self.min_floor, batch[-1][0])
-
-    @precondition(lambda self: self.model)
-    @rule(data=st.data())
-    def trim(self, data: st.DataObject) -> None:
-        upto = data.draw(st.integers(0, self.last))  # D acks only what was produced
-        self.spool.trim(upto)
-        self.trimmed = max(self.trimmed, upto)
-
-    @rule(data=st.data(), budget=st.integers(1, 3000))
-    def read(self, data: st.DataObject, budget: int) -> None:
-        after = data.draw(st.integers(0, self.next_seq))
-        got = self.spool.read_after(after, budget)
-        want = self.expected(after)
-        assert got == want[: len(got)]
-        if want:
-            assert got
-            used = sum(sf.HEADER_SIZE + len(e[2]) for e in got)
-            assert len(got) == 1 or used <= budget
-            if len(got) < len(want):
-                assert used + sf.HEADER_SIZE + len(want[len(got)][2]) > budget
-
-    @rule()
-    def reopen(self) -> None:
-        """A restart: the sidecar joins again where the stream is.  (Without a
-        join point, a failed write whose state could not be saved either and
-        that no later record follows would be forgotten.)"""
-        self.spool.close()
-        self.spool = self.open(start_after=self.last)
-
-    @rule(gap=st.integers(0, 30))
-    def rejoin(self, gap: int) -> None:
-        """The sidecar was down while the stream went on; it joins again."""
-        join = self.next_seq - 1 + gap
-        self.spool.close()
-        self.spool = self.open(start_after=join)
-        self.last, self.next_seq = join, join + 1
-        self.min_floor = max(self.min_floor, join)
-
-    @rule(data=st.data(), gap=st.integers(0, 30))
-    def whole_site_recovery(self, data: st.DataObject, gap: int) -> None:
-        """The whole site restarted and continued from a journal at a cseq
-        between D's acks and the stream's end, then went on by ``gap`` while
-        this sidecar was down."""
-        cseq = data.draw(st.integers(self.trimmed, max(self.trimmed, self.last)))
-        # At most what it holds (a floor it could not persist is forgotten).
-        held = max(self.trimmed, self.min_floor, *(e[0] for e in self.model[-1:]))
-        join = cseq + gap
-        asides = len(list(self.dir.glob(f"{ss.SET_ASIDE_PREFIX}*")))
-        self.spool.close()
-        self.recoveries.append(cseq)
-        self.spool = self.open(start_after=join)
-        assert self.spool.written_under == len(self.recoveries) - 1
-        set_aside = len(list(self.dir.glob(f"{ss.SET_ASIDE_PREFIX}*"))) > asides
-        if any(e[0] > cseq for e in self.model):  # another history
-            assert set_aside
-        if set_aside:
-            assert held > cseq
-            self.model, self.trimmed = [], join
-        self.last, self.next_seq = join, join + 1
-        self.min_floor = join  # what the spool lost above cseq is the other history's
-
-    @rule(gap=st.integers(0, 30))
-    def new_incarnation(self, gap: int) -> None:
-        """The whole site restarted as a new incarnation, numbering from ``gap``."""
-        self.incarnation += 1
-        self.recoveries = []
-        self.spool.close()
-        self.spool = self.open(start_after=gap)
-        self.model, self.trimmed, self.min_floor = [], gap, gap
-        self.last, self.next_seq = gap, gap + 1
-
-    @invariant()
-    def contents_match(self) -> None:
-        want = self.expected()
-        assert read_all(self.spool) == want
-        assert self.spool.lag(0) == (len(want), want[0][1] if want else None)
-
-    @invariant()
-    def honest(self) -> None:
-        floor = self.spool.floor
-        assert floor >= max(self.min_floor, self.trimmed)
-        above = [e for e in self.model if e[0] > floor]
-        assert [e for e in read_all(self.spool) if e[0] > floor] == above
-        assert all(self.spool.needs_resync(r) == (r < floor) for r in (0, floor - 1, floor))
-
-    @invariant()
-    def bounded(self) -> None:
-        stats = self.spool.statistics()
-        assert stats.bytes <= self.MAX + self.SEG + sf.HEADER_SIZE + 400
-        assert stats.bytes == sum(p.stat().st_size for p in self.dir.glob("*.seg"))
-        lost = stats.lost_upto or 0
-        assert stats.overflowed == (lost > self.trimmed)
-        assert stats.needs_resync == (stats.floor > self.trimmed)
-
-
-TestSpoolModel = SpoolMachine.TestCase
-TestSpoolModel.settings = settings(TestSpoolModel.settings, stateful_step_count=30)

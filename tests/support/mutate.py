@@ -6,6 +6,11 @@ integer fields set to huge values), let the format's own ``fix`` re-compute
 its CRC so the damage reaches the parser, decode, and accept only the typed
 errors the decoder promises (:func:`fuzz`).
 
+The decoders' property tests (tests/protocol, tests/filters) use the same
+mutations under Hypothesis (:func:`mutated`: the draws are Hypothesis's, so a
+failure shrinks) and count with :class:`Reach` how many examples got past the
+framing checks to a record: random bytes almost never do.
+
 Deterministic: iteration ``i`` draws from ``random.Random(f"{seed}:{i}")``,
 so a failure names the seed and iteration that reproduce it.  CI runs a
 fixed, small number of iterations per decoder (the ``default`` each test
@@ -21,6 +26,9 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from hypothesis import Phase, event, settings
+from hypothesis import strategies as st
 
 ITERATIONS_ENV = "DRGATE_FUZZ_ITERATIONS"
 SEED_ENV = "DRGATE_FUZZ_SEED"
@@ -199,3 +207,49 @@ def fuzz(
         else:
             result.outcomes["ok"] += 1
     return result
+
+
+def mutated(
+    draw: st.DrawFn, data: bytes, *, fields: Sequence[tuple[int, int]] = (), rounds: int = 3
+) -> bytes:
+    """Inside a ``@st.composite``: ``data`` with 1..``rounds`` of the
+    :class:`Mutator`'s mutations, from a ``random.Random`` Hypothesis seeds
+    (its own draws would favour the first mutation and the smallest values)."""
+    rng = draw(st.randoms(use_true_random=True))
+    return Mutator(rng, [data]).mutate(data, fields=fields, rounds=rounds)
+
+
+# The mutation fuzzers' inputs are derived from many draws and do not shrink to
+# anything smaller to read: a failure prints the input as found, at once,
+# rather than after minutes of shrinking.
+NO_SHRINK = settings(phases=[Phase.explicit, Phase.reuse, Phase.generate])
+
+
+@dataclass
+class Reach:
+    """How many of a property test's examples reached a decoder's inner
+    paths (a record, past the length, magic and checksum checks).  ``note``
+    each example inside the ``@given`` function; ``check`` after it ran prints
+    the share and fails below ``floor``."""
+
+    decoder: str
+    examples: int = 0
+    reached: int = 0
+
+    def note(self, reached: bool) -> None:
+        self.examples += 1
+        self.reached += reached
+        event(f"{self.decoder}: {'reached a record' if reached else 'stopped before one'}")
+
+    @property
+    def share(self) -> float:
+        return self.reached / max(self.examples, 1)
+
+    def check(self, floor: float = 0.5) -> None:
+        print(
+            f"reach {self.decoder}: {self.reached} of {self.examples} examples ({self.share:.0%})"
+        )
+        assert self.examples > 0
+        assert self.share > floor, (
+            f"{self.decoder}: only {self.reached} of {self.examples} examples reached a record"
+        )

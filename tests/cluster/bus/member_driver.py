@@ -5,7 +5,8 @@ lab node's network namespace for the corosync backend; ``drive_member`` runs
 the same member in-process on the memory bus (tests/support/membus.py).
 
 stdin commands:   send COUNT SIZE   multicast COUNT payloads of SIZE bytes
-                  slow MS           sleep MS after reading each event
+                  pause             stop reading events (until resume)
+                  resume            read events again
                   stats             print the member's statistics
                   leave             leave the group and exit
 stdout lines:     {"t": "me", "me": "1.2"}
@@ -82,7 +83,8 @@ async def drive_member(
     """Join with ``open_member()``, obey the command ``lines`` and ``report``
     records (see the module docstring) until the stream or the lines end.
     Returns the exit status: 0, or 2 after reporting a ``BusError``."""
-    slow = [0.0]
+    reading = [trio.Event()]  # a fresh, unset one while paused: the application reads nothing
+    reading[0].set()
     sent = [0]
     try:
         async with open_member() as member, trio.open_nursery() as nursery:
@@ -101,8 +103,10 @@ async def drive_member(
                         continue
                     if words[0] == "send":
                         nursery.start_soon(send, int(words[1]), int(words[2]))
-                    elif words[0] == "slow":
-                        slow[0] = int(words[1]) / 1000
+                    elif words[0] == "pause":
+                        reading[0] = trio.Event()
+                    elif words[0] == "resume":
+                        reading[0].set()
                     elif words[0] == "stats":
                         stats = member.statistics()  # type: ignore[attr-defined]
                         report({"t": "stats", **dataclasses.asdict(stats)})
@@ -114,8 +118,7 @@ async def drive_member(
             nursery.start_soon(commands)
             async for event in member.events():
                 report(event_record(event))
-                if slow[0]:
-                    await trio.sleep(slow[0])  # simulates a slow application
+                await reading[0].wait()  # a paused application
             report({"t": "end"})
             nursery.cancel_scope.cancel()
     except BusError as exc:
