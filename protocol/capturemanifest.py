@@ -160,7 +160,7 @@ def parse_manifest_untrusted(text: str | bytes) -> Manifest:
     except (ValueError, UnicodeDecodeError) as exc:
         raise RemoteProtocolError(f"capture manifest is not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise RemoteProtocolError(f"not a capture manifest (no \"format\": \"{FORMAT}\")")
+        raise RemoteProtocolError(f'not a capture manifest (no "format": "{FORMAT}")')
     if doc.get("version") != VERSION:
         raise RemoteProtocolError(
             f"capture manifest version {doc.get('version')!r}; this reader knows {VERSION}"
