@@ -6,11 +6,18 @@ Usage::
     spark.dataSource.register(CaptureDataSource)
     df = spark.read.format("drgate-capture").load("/var/lib/drgate/capture")
 
-``load(path)`` takes a segment file or a directory searched recursively; a file
-is a segment when it starts with the capture magic (other files are skipped),
-and the ``glob`` option (default ``*``) narrows the file names considered.
-Option ``payloads`` (``true``/``false``, default false) fills the ``payload``
-column.  One Spark partition per segment file.
+``load(location)`` takes a segment file or a directory searched recursively, as
+a plain path (made absolute) or a URI (:data:`SCHEMES`: ``file://``, and
+through pyarrow's file systems ``s3://`` (also ``s3a://``, ``s3n://``),
+``gs://``, ``hdfs://``, ``abfs://``).  A file is a segment when it starts with
+the capture magic (other files, and hidden files and folders, are skipped);
+the ``glob`` option (default ``*``) narrows the file names considered.  Option
+``payloads`` (``true``/``false``, default false) fills the ``payload`` column.
+
+One Spark partition per segment.  The driver plans them from the listing
+(file sizes) and each file's first 6 bytes; it reads no segment.  Each
+executor opens its segment itself, through the location's file system: a
+plain path must be the same shared path on every executor.
 
 Rows: one row per (record, queue) -- a record naming several queues gives
 several rows (``queue_index`` 0, 1, ...; ``queue_count`` says how many), a
