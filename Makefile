@@ -13,7 +13,7 @@ DEB_PKGS := corosync prometheus libssl-dev gcc python3-dev iproute2 procps syste
 PYTEST_ARGS ?=
 
 .PHONY: demo test check-fast fuzz lint typecheck pytest deb venv clean bench-resync bench-journal \
-	bench-peer bench-cpu bench-durable bench-deliver chaos
+	bench-peer bench-cpu bench-durable bench-deliver bench-analysis chaos
 
 demo: deb $(STAMP)
 	$(VENV)/bin/drgate demo
@@ -104,6 +104,14 @@ bench-cpu: $(STAMP)
 # (bench/broker_deliver.py; docs/performance.md).
 bench-deliver: $(STAMP)
 	$(PY) bench/broker_deliver.py
+
+# The drgate-capture data source against Parquet, rows/s on local[2] and on the
+# lab's standalone cluster (a master and two 1-core workers from the pyspark
+# jars, lab/spark.py), 10 million records in the same run
+# (bench/analysis_bench.py; docs/analysis.md, "Performance"; several minutes).
+ANALYSIS_RECORDS ?= 10000000
+bench-analysis: $(STAMP)
+	$(PY) bench/analysis_bench.py --records $(ANALYSIS_RECORDS)
 
 # A randomized fault run (tests/chaos, docs/chaos.md): two durable sites,
 # clients for the whole run, FAULTS overlapping faults drawn from SEED (a

@@ -27,7 +27,14 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from analysis.source import CaptureSourceError, list_segments, register
+from analysis.source import CaptureSourceError, filesystem, list_segments, register
+from protocol.capturemanifest import (
+    MANIFEST_NAME,
+    Manifest,
+    coverage,
+    parse_manifest_untrusted,
+)
+from protocol.errors import RemoteProtocolError
 
 JOBS = ("audit", "lag", "traffic")
 DEFAULT_WINDOW_S = 10  # ten seconds: fine enough to see a stall, coarse enough to be stable
@@ -327,6 +334,77 @@ def traffic(df: DataFrame, window_s: int = DEFAULT_WINDOW_S) -> dict[str, DataFr
     }
 
 
+# --- coverage (a collected directory's manifest) -----------------------------------
+
+
+def load_manifest(captures: str | os.PathLike[str]) -> Manifest | None:
+    """The manifest ``drgate capture collect`` wrote at the root of ``captures``, if any."""
+    import pyarrow.fs as pafs
+
+    fs, root = filesystem(os.fspath(captures))
+    path = root.rstrip("/") + "/" + MANIFEST_NAME
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as fh:
+        text = fh.read()
+    try:
+        return parse_manifest_untrusted(text)
+    except RemoteProtocolError as exc:
+        raise CaptureSourceError(
+            f"{path}: {exc}; remove it or collect again (drgate capture collect)"
+        ) from None
+
+
+COVERAGE_COLUMNS = (
+    "site",
+    "node",
+    "stream",
+    "segments",
+    "cut_segments",
+    "records",
+    "first_time",
+    "last_time",
+    "missing_segments",
+    "cut_files",
+)
+
+
+def coverage_table(manifest: Manifest, read: Sequence[str]) -> Any:
+    """Per (site, node, stream) of the manifest: segments, cut ones, records, time span.
+
+    ``missing_segments`` counts the manifest's segments not among ``read`` (the
+    ``segment`` names the job read): deleted since the collection.
+    """
+    import pandas as pd
+
+    def present(file: str) -> bool:
+        return any(name == file or name.endswith("/" + file) for name in read)
+
+    missing = {s.file for s in manifest.segments if not present(s.file)}
+    rows = []
+    for c in coverage(manifest):
+        files = [
+            s.file
+            for s in manifest.segments
+            if (s.site, s.node, s.stream) == (c.site, c.node, c.stream)
+        ]
+        rows.append(
+            (
+                c.site,
+                c.node,
+                c.stream,
+                c.segments,
+                len(c.cut),
+                c.records,
+                pd.to_datetime(c.first_time_us, unit="us", utc=True) if c.records else pd.NaT,
+                pd.to_datetime(c.last_time_us, unit="us", utc=True) if c.records else pd.NaT,
+                sum(1 for f in files if f in missing),
+                ", ".join(c.cut),
+            )
+        )
+    return pd.DataFrame(rows, columns=list(COVERAGE_COLUMNS))
+
+
 # --- running a job --------------------------------------------------------------
 
 
@@ -341,14 +419,52 @@ def check_captures(captures: str | os.PathLike[str]) -> list[str]:
     return found
 
 
-def build_session(master: str = DEFAULT_MASTER, app: str = "drgate-analyze") -> SparkSession:
-    """A session for the jobs; the data source registered, timestamps in UTC."""
+def check_master(master: str, timeout_s: float = 5.0) -> None:
+    """Raise :class:`CaptureSourceError` unless a ``spark://`` master accepts a connection.
+
+    Spark itself retries an absent master for about a minute and then says
+    only that "all masters are unresponsive".  Other masters are not checked.
+    """
+    import socket
+
+    if not master.startswith("spark://"):
+        return
+    problems = []
+    for address in master.removeprefix("spark://").split(","):  # several: HA masters
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise CaptureSourceError(
+                f"--master {master!r}: a standalone master is spark://HOST:PORT"
+            )
+        try:
+            with socket.create_connection((host, int(port)), timeout_s):
+                return
+        except OSError as exc:
+            problems.append(f"{address}: {exc.strerror or exc}")
+    raise CaptureSourceError(
+        f"cannot reach the Spark master {master} ({'; '.join(problems)}); start it, or check "
+        "the URL its log prints ('Starting Spark master at spark://...'), or run on this "
+        "machine with --master local[2]"
+    )
+
+
+def build_session(
+    master: str = DEFAULT_MASTER,
+    app: str = "drgate-analyze",
+    conf: Sequence[tuple[str, str]] = (),
+) -> SparkSession:
+    """A session for the jobs; the data source registered, timestamps in UTC.
+
+    ``conf``: further Spark settings (``--conf KEY=VALUE``), applied last.
+    """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", "false")  # rich draws the progress
     )
+    for key, value in conf:
+        builder = builder.config(key, value)
     if master:
         builder = builder.master(master)
     spark = builder.getOrCreate()
@@ -388,9 +504,16 @@ def run_job(
     for name, table in tables.items():
         step(f"computing {name}")
         frames[name] = table.toPandas()
+    manifest = load_manifest(captures)
+    if manifest is not None:
+        frames = {
+            "segments": frames["segments"],
+            "coverage": coverage_table(manifest, frames["segments"]["segment"].tolist()),
+            **frames,
+        }
     step("writing tables, plots and report")
     target = Path(out) / job
-    report.write_job_outputs(job, frames, target, window_s=window_s)
+    report.write_job_outputs(job, frames, target, window_s=window_s, manifest=manifest)
     if job == "audit" and len(frames["violations"]):
         return 1
     return 0
@@ -414,14 +537,24 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument(
         "--window-s", type=int, default=DEFAULT_WINDOW_S, help="time window width in seconds"
     )
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        conf = []
+        for item in args.conf:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise CaptureSourceError(f"--conf {item!r}: write KEY=VALUE")
+            conf.append((key, value))
         check_captures(args.captures)
-        spark = build_session(args.master)
+        check_master(args.master)
+        spark = build_session(args.master, conf=conf)
         try:
             code = run_job(
                 spark,

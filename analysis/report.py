@@ -28,6 +28,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.axes import Axes
 
+from protocol.capturemanifest import MANIFEST_NAME, Manifest
+
 MAX_HTML_ROWS = 500
 TOP_QUEUES = 10  # queues drawn in per-queue plots: the busiest ones
 
@@ -184,8 +186,34 @@ img { max-width: 100%; border: 1px solid #ddd; margin-bottom: 1em; }
 """
 
 
+def _coverage_html(manifest: Manifest, table: pd.DataFrame | None) -> str:
+    at = pd.to_datetime(manifest.collected_at_us, unit="us", utc=True)
+    cut = [s.file for s in manifest.segments if not s.complete]
+    parts = [
+        f'<p id="coverage-note">Coverage from {MANIFEST_NAME} (collected {html.escape(str(at))} '
+        f"from {len(manifest.sources)} source(s)): {len(manifest.segments)} segment(s) of "
+        f"{0 if table is None else len(table)} sidecar stream(s), {len(cut)} cut.</p>"
+    ]
+    missing = 0 if table is None else int(table["missing_segments"].sum())
+    if missing:
+        parts.append(
+            f'<p class="verdict-bad">{missing} segment(s) of the manifest were not read '
+            "(deleted since the collection): see the coverage table.</p>"
+        )
+    if manifest.rejected:
+        names = ", ".join(html.escape(f"{r.source} ({r.error})") for r in manifest.rejected)
+        parts.append(
+            f'<p class="verdict-bad">Rejected at collection (corrupt, not analysed): {names}</p>'
+        )
+    return "".join(parts)
+
+
 def render_html(
-    job: str, frames: dict[str, pd.DataFrame], images: dict[str, tuple[str, bytes]], verdict: str
+    job: str,
+    frames: dict[str, pd.DataFrame],
+    images: dict[str, tuple[str, bytes]],
+    verdict: str,
+    manifest: Manifest | None = None,
 ) -> str:
     """One self-contained page: verdict, plots (base64 PNG), then every table."""
     parts = [
@@ -195,6 +223,8 @@ def render_html(
         f"<h1>{html.escape(TITLES.get(job, job))}</h1>",
         verdict,
     ]
+    if manifest is not None:
+        parts.append(_coverage_html(manifest, frames.get("coverage")))
     cut = frames.get("segments")
     if cut is not None and len(cut) and not cut["complete"].all():
         names = ", ".join(html.escape(str(s)) for s in cut.loc[~cut["complete"], "segment"])
@@ -226,9 +256,18 @@ def _verdict(job: str, frames: dict[str, pd.DataFrame]) -> str:
 
 
 def write_job_outputs(
-    job: str, frames: dict[str, pd.DataFrame], target: Path, *, window_s: int = 0
+    job: str,
+    frames: dict[str, pd.DataFrame],
+    target: Path,
+    *,
+    window_s: int = 0,
+    manifest: Manifest | None = None,
 ) -> Path:
-    """Write tables (Parquet, CSV), plots (PNG) and report.html under ``target``."""
+    """Write tables (Parquet, CSV), plots (PNG) and report.html under ``target``.
+
+    ``manifest``: the collected directory's, when there is one (its coverage is
+    said at the top of the page).
+    """
     tables = target / "tables"
     plots = target / "plots"
     tables.mkdir(parents=True, exist_ok=True)
@@ -245,5 +284,7 @@ def write_job_outputs(
         (plots / f"{name}.png").write_bytes(png)
         images[name] = (title, png)
     page = target / "report.html"
-    page.write_text(render_html(job, frames, images, _verdict(job, frames)), encoding="utf-8")
+    page.write_text(
+        render_html(job, frames, images, _verdict(job, frames), manifest), encoding="utf-8"
+    )
     return page

@@ -6,11 +6,18 @@ Usage::
     spark.dataSource.register(CaptureDataSource)
     df = spark.read.format("drgate-capture").load("/var/lib/drgate/capture")
 
-``load(path)`` takes a segment file or a directory searched recursively; a file
-is a segment when it starts with the capture magic (other files are skipped),
-and the ``glob`` option (default ``*``) narrows the file names considered.
-Option ``payloads`` (``true``/``false``, default false) fills the ``payload``
-column.  One Spark partition per segment file.
+``load(location)`` takes a segment file or a directory searched recursively, as
+a plain path (made absolute) or a URI (:data:`SCHEMES`: ``file://``, and
+through pyarrow's file systems ``s3://`` (also ``s3a://``, ``s3n://``),
+``gs://``, ``hdfs://``, ``abfs://``).  A file is a segment when it starts with
+the capture magic (other files, and hidden files and folders, are skipped);
+the ``glob`` option (default ``*``) narrows the file names considered.  Option
+``payloads`` (``true``/``false``, default false) fills the ``payload`` column.
+
+One Spark partition per segment.  The driver plans them from the listing
+(file sizes) and each file's first 6 bytes; it reads no segment.  Each
+executor opens its segment itself, through the location's file system: a
+plain path must be the same shared path on every executor.
 
 Rows: one row per (record, queue) -- a record naming several queues gives
 several rows (``queue_index`` 0, 1, ...; ``queue_count`` says how many), a
@@ -32,10 +39,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import (
     BinaryType,
@@ -109,39 +118,124 @@ def _kind_names() -> list[str]:
     return names
 
 
-def is_segment(path: Path) -> bool:
+# Hadoop's names for S3 (s3a://, s3n://) are S3 to pyarrow.
+_SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3"}
+SCHEMES = ("file", "s3", "s3a", "s3n", "gs", "gcs", "hdfs", "abfs", "abfss")
+"""URI schemes a capture location may have (besides a plain path); see docs/analysis.md."""
+
+
+def is_uri(location: str) -> bool:
+    """True for ``scheme://...`` (a plain path, even with a colon, is not a URI)."""
+    return "://" in location and location.split("://", 1)[0].isidentifier()
+
+
+def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow file system of ``location`` and the path inside it.
+
+    ``location`` is a plain path (made absolute: executors run elsewhere) or a
+    URI with one of :data:`SCHEMES`.  Raises :class:`CaptureSourceError` for an
+    unknown scheme or a file system that cannot be set up here.
+    """
+    if not is_uri(location):
+        return pafs.LocalFileSystem(), os.path.abspath(location)
+    scheme, rest = location.split("://", 1)
+    scheme = scheme.lower()
+    if scheme not in SCHEMES:
+        raise CaptureSourceError(
+            f"capture location {location!r}: unknown scheme {scheme}://; use a path "
+            f"readable by every executor (a shared file system) or one of "
+            f"{', '.join(s + '://' for s in SCHEMES)}"
+        )
     try:
-        with path.open("rb") as fh:
+        fs, path = pafs.FileSystem.from_uri(f"{_SCHEME_ALIASES.get(scheme, scheme)}://{rest}")
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise CaptureSourceError(
+            f"capture location {location!r}: cannot open its file system here: {exc} "
+            "(docs/analysis.md, 'Where the captures live', says what each scheme needs)"
+        ) from None
+    return fs, path
+
+
+def _display(location: str, root_path: str, path: str) -> str:
+    """How a segment found under ``location`` is named in the ``segment`` column."""
+    if not is_uri(location):
+        return path
+    rel = path[len(root_path) :].lstrip("/")
+    if not rel:
+        return location
+    parts = urlsplit(location)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/" + rel))
+
+
+def is_segment(path: Path | str, fs: pafs.FileSystem | None = None) -> bool:
+    """Whether the file starts like a capture segment (reads its first 6 bytes only)."""
+    if fs is None:
+        fs = pafs.LocalFileSystem()
+    try:
+        with fs.open_input_stream(str(path)) as fh:
             start = fh.read(len(MAGIC))
-    except OSError:
+    except (OSError, pa.ArrowException):
         return False
     # An empty or partly written preamble is a segment cut at birth.
     return MAGIC.startswith(start) if len(start) < len(MAGIC) else start == MAGIC
 
 
-def list_segments(path: str | os.PathLike[str], glob: str = "*") -> list[str]:
-    """Segment files under ``path`` (a file or a directory), sorted.
+@dataclass(frozen=True)
+class SegmentPartition(InputPartition):
+    """One segment: where it is (``root`` as loaded, ``path`` inside its file system)."""
 
-    Raises :class:`CaptureSourceError` when ``path`` does not exist.
+    root: str
+    path: str
+    size: int
+    segment: str  # the ``segment`` column: a path, or a URI under ``root``
+
+
+def plan_segments(
+    location: str | os.PathLike[str], glob: str = "*", *, fs: pafs.FileSystem | None = None
+) -> list[SegmentPartition]:
+    """One partition per segment under ``location`` (a file, a directory, or a URI).
+
+    Runs on the driver and reads no segment: file sizes come from the listing,
+    and only the first 6 bytes of each candidate file are read (the magic).
+    Hidden files and folders (``.name``) are skipped.  Raises
+    :class:`CaptureSourceError` when ``location`` does not exist.
     """
-    root = Path(path)
-    if root.is_file():
-        return [str(root)]
-    if not root.is_dir():
+    root = os.fspath(location)
+    own_fs, root_path = filesystem(root)
+    if not is_uri(root):
+        root = root_path
+    fs = fs if fs is not None else own_fs
+    info = fs.get_file_info(root_path)
+    if info.type == pafs.FileType.File:
+        return [SegmentPartition(root, root_path, info.size or 0, root)]
+    if info.type != pafs.FileType.Directory:
         raise CaptureSourceError(
-            f"capture path {str(root)!r} does not exist; pass the directory the sidecars "
+            f"capture path {root!r} does not exist; pass the directory the sidecars "
             "write their capture segments to (capture.directory in the sidecar config)"
         )
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            if name.startswith(".") or not fnmatch.fnmatch(name, glob):
-                continue
-            candidate = Path(dirpath, name)
-            if is_segment(candidate):
-                found.append(str(candidate))
+    prefix = root_path.rstrip("/") + "/"
+    for entry in fs.get_file_info(pafs.FileSelector(root_path, recursive=True)):
+        if entry.type != pafs.FileType.File:
+            continue
+        rel = entry.path[len(prefix) :] if entry.path.startswith(prefix) else entry.base_name
+        parts = rel.split("/")
+        if any(p.startswith(".") for p in parts) or not fnmatch.fnmatch(parts[-1], glob):
+            continue
+        if is_segment(entry.path, fs):
+            found.append(
+                SegmentPartition(
+                    root, entry.path, entry.size or 0, _display(root, root_path, entry.path)
+                )
+            )
+    # files of a folder before its sub-folders, each level by name (as os.walk)
+    found.sort(key=lambda p: (p.path.split("/")[:-1], p.path))
     return found
+
+
+def list_segments(path: str | os.PathLike[str], glob: str = "*") -> list[str]:
+    """The ``segment`` names of the segments under ``path`` (see :func:`plan_segments`)."""
+    return [p.segment for p in plan_segments(path, glob)]
 
 
 _HEAD_DTYPE = np.dtype([(name, kind) for name, kind in RECORD_HEAD_FIELDS])
@@ -162,20 +256,34 @@ def arrow_schema(schema: StructType = SCHEMA) -> pa.Schema:
 
 
 def segment_batches(
-    path: str,
+    location: str,
     schema: pa.Schema | None = None,
     *,
     payloads: bool = False,
     batch_rows: int = BATCH_ROWS,
 ) -> Iterator[pa.RecordBatch]:
-    """Read one segment file into Arrow batches of the data source's schema.
+    """Read one segment (a path or a URI) into Arrow batches of the data source's schema.
 
     Raises :class:`protocol.errors.RemoteProtocolError` for a corrupt segment;
     a cut segment yields its whole records with ``complete`` false.
     """
+    fs, path = filesystem(location)
+    name = location if is_uri(location) else path
+    yield from _read_batches(fs, path, name, schema, payloads=payloads, batch_rows=batch_rows)
+
+
+def _read_batches(
+    fs: pafs.FileSystem,
+    path: str,
+    name: str,
+    schema: pa.Schema | None,
+    *,
+    payloads: bool,
+    batch_rows: int = BATCH_ROWS,
+) -> Iterator[pa.RecordBatch]:
     if schema is None:
         schema = arrow_schema()
-    with open(path, "rb") as fh:
+    with fs.open_input_file(path) as fh:
         data = fh.read()
     scan = scan_segment_untrusted(data)
     if scan.header is None or scan.records == 0:
@@ -187,7 +295,7 @@ def segment_batches(
     head_index = np.arange(RECORD_HEAD_SIZE, dtype=np.int64)
     for first in range(0, len(offsets), batch_rows):
         offs = offsets[first : first + batch_rows]
-        yield _batch(data, buf, offs, head_index, scan, path, schema, kind_names, strings, payloads)
+        yield _batch(data, buf, offs, head_index, scan, name, schema, kind_names, strings, payloads)
 
 
 def _batch(
@@ -270,13 +378,6 @@ def _batch(
     return pa.RecordBatch.from_arrays([columns[n] for n in schema.names], schema=schema)
 
 
-@dataclass(frozen=True)
-class SegmentPartition(InputPartition):
-    """One segment file."""
-
-    path: str
-
-
 class CaptureDataSource(DataSource):
     """``spark.read.format("drgate-capture")``: capture segments, one partition each."""
 
@@ -299,7 +400,7 @@ def _bool_option(options: dict[str, str], key: str) -> bool:
 
 
 class CaptureSourceReader(DataSourceReader):
-    """Lists segments in :meth:`partitions` (driver) and reads them in :meth:`read` (worker)."""
+    """Plans segments in :meth:`partitions` (driver) and reads them in :meth:`read` (executors)."""
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.path = options.get("path")
@@ -310,12 +411,19 @@ class CaptureSourceReader(DataSourceReader):
         self.schema = schema
 
     def partitions(self) -> list[InputPartition]:
-        return [SegmentPartition(p) for p in list_segments(self.path or "", self.glob)]
+        # The driver: one partition per segment, planned from the listing (sizes) and
+        # each file's first bytes; no segment is read here.
+        return list(plan_segments(self.path or "", self.glob))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        # An executor, maybe on another machine: it opens the segment through the
+        # location's own file system (the path must be shared, or a URI).
         assert isinstance(partition, SegmentPartition)
+        fs, _ = filesystem(partition.root)
         schema = arrow_schema(self.schema)
-        yield from segment_batches(partition.path, schema, payloads=self.payloads)
+        yield from _read_batches(
+            fs, partition.path, partition.segment, schema, payloads=self.payloads
+        )
 
 
 def register(spark: Any) -> None:

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 
-from analysis.source import SCHEMA, CaptureSourceError, arrow_schema, list_segments, segment_batches
+from analysis.source import (
+    SCHEMA,
+    CaptureSourceError,
+    arrow_schema,
+    list_segments,
+    plan_segments,
+    segment_batches,
+)
 from protocol.capture import NO_RULE, CaptureRecord, CaptureRole, SegmentHeader, Stream
 from protocol.errors import RemoteProtocolError
 from protocol.modes import Mode
@@ -67,6 +77,107 @@ def test_listing_skips_other_files_and_refuses_missing_path(tmp_path: Path) -> N
         list_segments(tmp_path / "nope")
 
 
+class CountingHandler(pafs.FileSystemHandler):
+    """The local file system, counting the bytes read through it per file."""
+
+    def __init__(self) -> None:
+        self.local = pafs.LocalFileSystem()
+        self.read: dict[str, int] = {}
+
+    def _counted(self, path: str) -> pa.NativeFile:
+        handler = self
+
+        class Counting(io.RawIOBase):
+            def __init__(self) -> None:
+                self.inner = open(path, "rb")  # noqa: SIM115 - closed with the stream
+
+            def close(self) -> None:
+                self.inner.close()
+                super().close()
+
+            def readable(self) -> bool:
+                return True
+
+            def readinto(self, buffer: Any) -> int:
+                n = self.inner.readinto(buffer)
+                handler.read[path] = handler.read.get(path, 0) + n
+                return n
+
+        return pa.PythonFile(io.BufferedReader(Counting(), buffer_size=8), mode="r")
+
+    def open_input_stream(self, path: str) -> pa.NativeFile:
+        return self._counted(path)
+
+    def open_input_file(self, path: str) -> pa.NativeFile:
+        return self._counted(path)
+
+    def get_type_name(self) -> str:
+        return "counting"
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        return self.local.get_file_info(paths)  # type: ignore[no-any-return]
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        return self.local.get_file_info(selector)  # type: ignore[no-any-return]
+
+    def _unused(self, *args: Any) -> Any:  # writing: never done by the planner
+        raise NotImplementedError
+
+    copy_file = create_dir = delete_dir = delete_dir_contents = delete_file = _unused
+    delete_root_dir_contents = move = open_append_stream = open_output_stream = _unused
+
+    def equals(self, other: Any) -> bool:
+        return other is self
+
+
+def test_planning_reads_only_the_magic_of_each_file(tmp_path: Path) -> None:
+    """The driver plans one partition per segment from sizes and first bytes only."""
+    many = [RECORDS[0]] * 2000
+    write(tmp_path / "big.cap", records=many)
+    write(tmp_path / "small.cap")
+    (tmp_path / "notes.txt").write_text("not a segment " * 100)
+    handler = CountingHandler()
+    planned = plan_segments(tmp_path, fs=pafs.PyFileSystem(handler))
+    assert [Path(p.path).name for p in planned] == ["big.cap", "small.cap"]
+    assert [p.size for p in planned] == [
+        (tmp_path / "big.cap").stat().st_size,
+        (tmp_path / "small.cap").stat().st_size,
+    ]
+    assert (tmp_path / "big.cap").stat().st_size > 100_000
+    # the 6 magic bytes (buffered by at most 8) of each file, nothing more
+    assert handler.read and max(handler.read.values()) <= 8, handler.read
+
+
+def test_file_uri_and_plain_path_name_the_same_segments(tmp_path: Path) -> None:
+    write(tmp_path / "a.cap")
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "sub" / "b.cap")
+    uri = tmp_path.as_uri()
+    assert list_segments(uri) == [f"{uri}/a.cap", f"{uri}/sub/b.cap"]
+    assert list_segments(tmp_path) == [str(tmp_path / "a.cap"), str(tmp_path / "sub" / "b.cap")]
+    (batch,) = segment_batches(f"{uri}/a.cap")
+    assert set(batch.column("segment").to_pylist()) == {f"{uri}/a.cap"}
+    assert batch.num_rows == 4
+
+
+def test_unknown_scheme_and_missing_uri_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(CaptureSourceError, match=r"unknown scheme ftp://.*file://"):
+        list_segments("ftp://host/captures")
+    with pytest.raises(CaptureSourceError, match="does not exist"):
+        list_segments((tmp_path / "nope").as_uri())
+
+
+def test_relative_path_is_planned_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Executors run in other working directories: partitions carry absolute paths."""
+    write(tmp_path / "a.cap")
+    monkeypatch.chdir(tmp_path)
+    (planned,) = plan_segments("a.cap")
+    assert planned.path == str(tmp_path / "a.cap") and planned.segment == planned.path
+
+
 def test_corrupt_segment_fails_with_protocol_error(tmp_path: Path) -> None:
     write(tmp_path / "s.cap")
     data = bytearray((tmp_path / "s.cap").read_bytes())
@@ -82,7 +193,7 @@ def test_spark_reads_segments_one_partition_each(spark: Any, tmp_path: Path) -> 
     write(tmp_path / "two.cap", records=RECORDS[:1])
     cut = segment_bytes(HEADER, RECORDS, end_us=None)[:-3]  # cut inside the last record
     (tmp_path / "three.cap").write_bytes(cut)
-    df = spark.read.format("drgate-capture").option("payloads", "true").load(str(tmp_path))
+    df = spark.read.format("drgate-capture").option("payloads", "true").load(tmp_path.as_uri())
     assert df.schema == SCHEMA
     assert df.rdd.getNumPartitions() == 3
     rows = df.select("segment", "complete", "cseq", "queue").collect()

@@ -165,3 +165,26 @@ def test_lag_and_traffic_reports(spark: Any, captures: Path, tmp_path: Path, job
         overall = summary[summary["queue"].isna()].iloc[0]
         assert overall["events"] >= 2 * PUBLISHED
         assert 0 <= overall["p50_ms"] <= overall["max_ms"] < DEADLINE_S * 1000
+
+
+def test_collected_run_reports_every_sidecar_in_its_coverage(
+    spark: Any, captures: Path, tmp_path: Path
+) -> None:
+    import pandas as pd
+
+    from analysis import jobs
+    from gateway.cli import main
+    from protocol.capturemanifest import MANIFEST_NAME, parse_manifest_untrusted
+
+    out = tmp_path / "collected"
+    sources = [str(d) for d in sorted(captures.iterdir()) if d.is_dir()]
+    assert main(["capture", "collect", "--out", str(out), *sources]) == 0
+    manifest = parse_manifest_untrusted((out / MANIFEST_NAME).read_text())
+    assert manifest.segments and all(s.complete for s in manifest.segments)
+    tapping = {s.node for s in manifest.segments if s.site == "site-p" and s.stream == "tapped"}
+    assert tapping == {1, 2, 3}
+    assert jobs.run_job(spark, "audit", out, tmp_path) == 0
+    coverage = pd.read_parquet(tmp_path / "audit" / "tables" / "coverage.parquet")
+    assert set(coverage["stream"]) == {"tapped", "forwarded", "ingested"}
+    assert coverage["cut_segments"].sum() == 0 and coverage["missing_segments"].sum() == 0
+    assert coverage["records"].sum() == sum(s.records for s in manifest.segments)
