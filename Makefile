@@ -20,8 +20,11 @@ demo: deb $(STAMP)
 
 test: deb $(STAMP) lint typecheck pytest
 
+# On both cores (pytest-xdist): nothing in the fast suite shares a port, a
+# namespace or a lock.  The full suite (make test) stays serial: its e2e and
+# corosync tests share the lab's namespaces.
 check-fast: $(STAMP)
-	$(VENV)/bin/pytest -q -m "not slow and not corosync and not e2e and not spark" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -n 2 -m "not slow and not corosync and not e2e and not spark" $(PYTEST_ARGS)
 
 # The decoders' mutation fuzzers, long: 200000 damaged inputs per decoder
 # (the fast suite runs a few thousand).  FUZZ_ITERATIONS=... for another count.
