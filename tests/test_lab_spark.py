@@ -65,6 +65,7 @@ sys.stdin.read()
 @pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.integration
+@pytest.mark.long
 def test_cluster_runs_on_both_workers_and_stops_everything_when_the_block_fails(
     tmp_path: Path,
 ) -> None:

@@ -28,7 +28,8 @@ from protocol.capture import CaptureRole, SegmentHeader, Stream
 from protocol.cluster import Kind
 from tests.analysis import twosite
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration]
+# make test-long: a Spark cluster's start and three jobs on it take minutes.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration, pytest.mark.long]
 
 EVENTS = 3000  # 12.5 minutes of the run at 4 events/s: 75 windows of 10 s
 

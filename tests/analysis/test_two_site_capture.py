@@ -167,6 +167,7 @@ def test_lag_and_traffic_reports(spark: Any, captures: Path, tmp_path: Path, job
         assert 0 <= overall["p50_ms"] <= overall["max_ms"] < DEADLINE_S * 1000
 
 
+@pytest.mark.long  # make test-long
 def test_collected_run_reports_every_sidecar_in_its_coverage(
     spark: Any, captures: Path, tmp_path: Path
 ) -> None:
