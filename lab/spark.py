@@ -130,7 +130,8 @@ def session_pids(sid: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Process ``pid`` runs (exists and is not a zombie)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -301,7 +302,7 @@ class SparkCluster(Started):
                 os.kill(pid, signal.SIGTERM)
         while left and time.monotonic() < deadline:
             time.sleep(POLL_S)
-            left = [pid for pid in left if _alive(pid)]
+            left = [pid for pid in left if alive(pid)]
         for pid in left:
             with contextlib.suppress(ProcessLookupError):  # ended meanwhile
                 os.kill(pid, signal.SIGKILL)

@@ -10,15 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.spark import SparkCluster, pyspark_home, scala_version, session_pids
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
+from lab.spark import SparkCluster, alive, pyspark_home, scala_version, session_pids
 
 
 def test_scala_version_comes_from_the_jars() -> None:

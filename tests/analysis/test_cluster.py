@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 
 from gateway.cli import main
-from lab.spark import SparkCluster
+from lab.spark import SparkCluster, alive
 from protocol.capture import CaptureRole, SegmentHeader, Stream
 from protocol.cluster import Kind
 from tests.analysis import twosite
@@ -32,14 +32,6 @@ from tests.analysis import twosite
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration, pytest.mark.long]
 
 EVENTS = 3000  # 12.5 minutes of the run at 4 events/s: 75 windows of 10 s
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 @pytest.fixture(scope="module")
