@@ -125,6 +125,11 @@ class Sidecar(NullObserver):
         self._events: list[ReplEvent] = []  # tapped from the frame being applied
         self._resync_wanted = False  # a command of the frame goes by a resync
         self._was_minority = False
+        # The spool failed a write and this sidecar re-announced itself ready,
+        # to go to the back of the ready order; it is no egress until that
+        # MemberReady comes back (_step_back).  Once per disk outage.
+        self._stepping_back = False
+        self._stepped_back_in_outage = False
         self.capture: CaptureSink | None = None
         if config.capture is not None:
             self.capture = CaptureSink(
@@ -172,9 +177,12 @@ class Sidecar(NullObserver):
 
     def current_role(self) -> SidecarRole:
         m = self.member
-        return role_of(
+        role = role_of(
             m.me, m.state, m.membership, ready=m.ready.is_set(), primary=self.config.primary
         )
+        if role == SidecarRole.EGRESS and self._stepping_back:
+            return SidecarRole.STANDBY
+        return role
 
     def active_sidecar(self) -> MemberId | None:
         return active_sidecar(self.member.state, self.member.membership)
@@ -193,6 +201,8 @@ class Sidecar(NullObserver):
     ) -> None:
         """``cmd`` was applied (its cseq is the state's)."""
         if isinstance(cmd, pc.MemberReady):
+            if own:
+                self._stepping_back = False  # at the back of the order now
             self._roles_may_have_changed()
         if isinstance(cmd, pc.Durable):
             self._durable_advanced()  # held acks (D), or events held back (P), may go
@@ -253,8 +263,38 @@ class Sidecar(NullObserver):
         if self.spool is not None and self.egress is not None:
             # Never raises for a failing disk: the spool raises its floor instead.
             self.spool.append_many((e.seq, e.time_us, e.payload, e.prev_seq) for e in self._events)
+            if self.spool.failing != self._stepped_back_in_outage:
+                self._stepped_back_in_outage = self.spool.failing
+                if self.spool.failing:
+                    self._step_back()
             self.egress.wake()
         self._events.clear()
+
+    def _step_back(self) -> None:
+        """The spool lost events to a failing disk, which the other sidecars
+        of the site hold in theirs: re-announce this one ready, which puts it
+        at the back of the ready order, so the link moves to the sidecar
+        ready longest after it, which resumes D without a resync (a resync of
+        an ``enqueue`` queue cannot bring back what P's consumers took;
+        found by tests/chaos).  Alone, it keeps the link and D resyncs."""
+        me, membership = self.member.me, self.member.membership
+        if me is None or membership is None:
+            return
+        ready = [
+            MemberId(*key)
+            for key, role in self.state.ready.items()
+            if role == Role.SIDECAR and MemberId(*key) in membership.members
+        ]
+        if me not in ready or ready[-1] == me:
+            return
+        log.warning(
+            "sidecar: the spool lost events to a failing disk; stepping back behind "
+            "node(s) %s, whose spools hold them, so that the link goes to them first",
+            [m.node for m in ready[ready.index(me) + 1 :]],
+        )
+        self._stepping_back = True
+        self.member.post(pc.MemberReady(Role.SIDECAR, me.node, me.pid))
+        self._roles_may_have_changed()
 
     def on_rejoin(self) -> None:
         """The state is stale: the spool holds events numbered by the

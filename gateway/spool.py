@@ -435,6 +435,11 @@ class Spool:
         return deleted
 
     @property
+    def failing(self) -> bool:
+        """The disk failed the last write (an outage, until a write succeeds)."""
+        return self._failing
+
+    @property
     def floor(self) -> int:
         """Every event with a seq above this is in the spool."""
         return self._marks.floor

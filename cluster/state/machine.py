@@ -633,7 +633,12 @@ def _ack_watermark(
 
 
 def _member_ready(state: SiteState, cmd: MemberReady, sender: Sender | None, eff: Effects) -> None:
-    state.ready[(cmd.node, cmd.pid)] = cmd.role
+    # A member that announces itself again goes to the back of the ready
+    # order: a sidecar whose spool failed a write steps back that way, so the
+    # link moves to one that holds the events (gateway/roles.py).
+    key = (cmd.node, cmd.pid)
+    state.ready.pop(key, None)
+    state.ready[key] = cmd.role
 
 
 def _genesis(state: SiteState, cmd: Genesis, sender: Sender | None, eff: Effects) -> None:

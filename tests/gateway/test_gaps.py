@@ -9,8 +9,9 @@ in order).
 * the whole primary site killed and started again on the same directories
   (a new incarnation): no sidecar crash-loops, and after the operator's
   ``drgate resync --accept-incarnation`` the new messages reach D;
-* the active egress's spool disk full during a WAN cut: the sidecar stays
-  up and says so in ``/status``, and D is complete once space is freed.
+* the active egress's spool disk full during a WAN cut while P's consumers
+  take the ``enqueue`` queue: the sidecar stays up and says so in
+  ``/status``, steps back, and a standby resumes D with every message.
 
 Two sites of three brokers and three sidecars (lab.site.TwoSites); the
 restart tests run on corosync in network namespaces too.
@@ -255,7 +256,12 @@ ROOM_BYTES = 256 * 1024
 BODY = "1000"  # characters a message
 
 
-def test_disk_full_on_the_egress_spool_is_visible_and_healed(tmp_path: Path) -> None:
+def test_disk_full_on_the_egress_spool_moves_the_link_and_loses_nothing(tmp_path: Path) -> None:
+    # tests/chaos, seed 510118558: the egress's spool disk filled, the link
+    # resynced, and the enqueue queue lost the messages P's consumers took
+    # during the outage (a resync carries only what P's queue holds).  The
+    # standbys' spools held them: the egress now steps back and one of them
+    # resumes D, with no resync.
     with mounted_tmpfs(tmp_path / "tmpfs", size_bytes=TMPFS_BYTES) as disk:
         filler = disk / "filler"
         filler.write_bytes(b"\0" * (TMPFS_BYTES - ROOM_BYTES))
@@ -265,7 +271,6 @@ def test_disk_full_on_the_egress_spool_is_visible_and_healed(tmp_path: Path) -> 
             add_queues(two)
             finish(publish(two, 20), 20)
             wait_for("the link streams", lambda: converged(two, queue="q-full"))
-            resyncs = p_status(two, 1)["resync"]["total"]  # D's seeding counts one
             two.wan_all("cut")
             finish(publish(two, 400, start=21, size=BODY), 400)
 
@@ -274,11 +279,13 @@ def test_disk_full_on_the_egress_spool_is_visible_and_healed(tmp_path: Path) -> 
                 lambda: bool(p_status(two, 1)["spool"].get("write_errors_total")),
             )
             doc = p_status(two, 1)
-            assert doc["spool"]["write_errors_total"] > 0
             assert doc["last_error"], "a full spool disk is not in /status last_error"
+            wait_for("node 2 takes the link", lambda: p_status(two, 2)["role"] == "egress")
+            assert p_status(two, 1)["role"] == "standby"
+            # P's consumers take what the outage spooled nowhere at node 1.
+            taken = two.p.client(2, "consume", two.p.amqp[2], "q-enq", "--idle", "2")
+            assert taken["received"] == 420, taken
             filler.unlink()
             two.wan_all("restore")
             check_d(two, ids(1, 420))
-            doc = p_status(two, 1)
-            assert doc["role"] == "egress"
-            assert doc["resync"]["total"] > resyncs, "D was healed without a resync"
+            assert p_status(two, 2)["resync"]["total"] == 0, "D was resynced"

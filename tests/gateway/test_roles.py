@@ -62,6 +62,19 @@ def test_a_sidecar_that_restarts_does_not_take_over_again() -> None:
     assert active_sidecar(restored, view) == B  # type: ignore[arg-type]
 
 
+def test_a_sidecar_that_announces_itself_again_goes_to_the_back() -> None:
+    # A sidecar whose spool failed a write steps back this way (tests/chaos,
+    # seed 510118558: the egress's spool disk filled, the link resynced, and
+    # the enqueue queue lost what P's consumers took meanwhile).
+    state = site((A, Role.SIDECAR), (B, Role.SIDECAR), (C, Role.SIDECAR))
+    st.apply(state, pc.MemberReady(Role.SIDECAR, A.node, A.pid))
+    view = View(frozenset({A, B, C}))
+    assert active_sidecar(state, view) == B  # type: ignore[arg-type]
+    assert list(state.ready) == [(B.node, B.pid), (C.node, C.pid), (A.node, A.pid)]
+    restored = st.restore_untrusted(st.snapshot(state))
+    assert list(restored.ready) == list(state.ready)
+
+
 @pytest.mark.parametrize(
     ("me", "primary", "expected"),
     [

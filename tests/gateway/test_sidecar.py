@@ -4,7 +4,9 @@ clock: role choice, takeover when the egress is lost, a minority stands down."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -166,6 +168,63 @@ async def test_a_command_the_tap_cannot_forward_makes_d_resync_not_the_sidecar_s
         # A D that holds what was spooled before the failure cannot stream past it.
         assert egress.spool.floor >= failed_at
         assert egress.spool.needs_resync(served)
+        nursery.cancel_scope.cancel()
+
+
+def fill_disk_of(directory: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every write to a file under ``directory`` fails as on a full disk."""
+    prefix = os.path.realpath(directory)
+    real_write = os.write
+
+    def write(fd: int, data: bytes | memoryview) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(prefix):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+
+
+async def test_an_egress_whose_spool_disk_fails_steps_back_for_a_standby_that_holds_the_events(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # tests/chaos, seed 510118558: the egress's spool disk filled, its floor
+    # rose past what D had applied, and the link resynced; the resync of the
+    # enqueue queue could not bring back what P's consumers took meanwhile
+    # (218 messages lost), while the standbys' spools held every event.
+    async with trio.open_nursery() as nursery:
+        site = PrimarySite(tmp_path, nursery)
+        first, second, third = [await site.start(node) for node in (1, 2, 3)]
+        await wait_until(lambda: third.current_role() == SidecarRole.STANDBY, third)
+        assert first.current_role() == SidecarRole.EGRESS
+        await first.member.submit_and_wait(pc.QueueDeclare("q-full"))
+        assert first.spool is not None and second.spool is not None
+        applied_at_d = first.spool.statistics().last_seq
+        assert applied_at_d is not None
+
+        fill_disk_of(first.config.spool_dir, monkeypatch)
+        await first.member.submit_and_wait(pc.QueueDeclare("q-full", {"x": 1}))
+        assert first.spool.failing and first.spool.needs_resync(applied_at_d)
+
+        await wait_until(lambda: second.current_role() == SidecarRole.EGRESS, first, second)
+        assert first.current_role() == SidecarRole.STANDBY
+        assert third.current_role() == SidecarRole.STANDBY
+        assert not second.spool.needs_resync(applied_at_d)  # D resumes, no resync
+        await site.wait_dialled(2)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_lone_egress_whose_spool_disk_fails_keeps_the_link(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with trio.open_nursery() as nursery:
+        site = PrimarySite(tmp_path, nursery)
+        egress = await site.start(1)
+        site.hub.set_quorate(True)  # the others are down
+        await wait_until(lambda: egress.current_role() == SidecarRole.EGRESS, egress)
+        fill_disk_of(egress.config.spool_dir, monkeypatch)
+        await egress.member.submit_and_wait(pc.QueueDeclare("q-full"))
+        assert egress.spool is not None and egress.spool.failing
+        assert egress.current_role() == SidecarRole.EGRESS  # no one else: D resyncs
         nursery.cancel_scope.cancel()
 
 
