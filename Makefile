@@ -41,12 +41,13 @@ typecheck: $(STAMP)
 
 # The fast tests on both cores, then the rest one at a time (the e2e and
 # corosync tests share the lab's namespaces and its lock).  Tests marked
-# `long` (a Spark cluster, a collected two-site audit) run with make test-long,
+# `long` (see README.md: the corosync variant of the two-site scenarios, a big
+# resync, a Spark cluster, a collected two-site audit) run with make test-long,
 # outside CI's 45-minute budget.
 FAST_TESTS := not slow and not corosync and not e2e and not spark and not long
 pytest: $(STAMP)
 	$(VENV)/bin/pytest -q -n 2 -m "$(FAST_TESTS)" $(PYTEST_ARGS)
-	$(VENV)/bin/pytest -q -m "not ($(FAST_TESTS)) and not long" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q --durations=30 -m "not ($(FAST_TESTS)) and not long" $(PYTEST_ARGS)
 
 test-long: $(STAMP)
 	$(VENV)/bin/pytest -q -m long $(PYTEST_ARGS)

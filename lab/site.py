@@ -138,10 +138,18 @@ class BrokerSite(Started):
     # -- lifetime ------------------------------------------------------------
 
     def start(self) -> None:
+        self.await_brokers(self.spawn_brokers())
+
+    def spawn_brokers(self) -> list[tuple[int, Proc]]:
+        """The bus (embedded: up once it listens), then every broker started at
+        once, as a site's machines boot: :meth:`await_brokers` waits for them."""
         if self.backend == "embedded":
             self.start_bus()
-        for node in self.node_ids:
-            self.start_broker(node)
+        return [(node, self._spawn_broker(node)) for node in self.node_ids]
+
+    def await_brokers(self, spawned: list[tuple[int, Proc]]) -> None:
+        for node, proc in spawned:
+            self._broker_ready(node, proc)
 
     def start_bus(self) -> None:
         argv = ["bus", "--listen", "127.0.0.1:0", "--group", self.group]
@@ -188,10 +196,15 @@ class BrokerSite(Started):
         return path
 
     def start_broker(self, node: int) -> Proc:
+        return self._broker_ready(node, self._spawn_broker(node))
+
+    def _spawn_broker(self, node: int) -> Proc:
         config = self.broker_config(node)
-        proc = self._spawn(
+        return self._spawn(
             f"broker-{node}", drgate_argv("broker", "--config", str(config)), node=node
         )
+
+    def _broker_ready(self, node: int, proc: Proc) -> Proc:
         line = proc.wait_line("ready, amqp port")
         port = int(line.rsplit("amqp port", 1)[1].strip())
         host = self.corosync.node(node).address if self.corosync is not None else "127.0.0.1"
@@ -408,8 +421,7 @@ class TwoSites(Started):
 
     def start(self) -> None:
         self.start_labs()
-        self.p.start()
-        self.d.start()
+        self._start_brokers()
         # D's sidecars first (each binds its link port), then the emulators
         # in front of them, then P's sidecars, which need the emulators' ports.
         for n in self.nodes:
@@ -423,12 +435,18 @@ class TwoSites(Started):
         """P's brokers and sidecars, D's brokers and the WAN, and no D sidecar
         yet (a D site added later: :meth:`start_d_sidecars` starts them)."""
         self.start_labs()
-        self.p.start()
-        self.d.start()
+        self._start_brokers()
         for n in self.nodes:
             self.start_wan(n)
         for n in self.nodes:
             self.start_sidecar(self.p, n)
+
+    def _start_brokers(self) -> None:
+        """Both sites' brokers at once; the sidecars start one by one after
+        them (the order they become ready in is which one is active)."""
+        spawned = [(site, site.spawn_brokers()) for site in (self.p, self.d)]
+        for site, procs in spawned:
+            site.await_brokers(procs)
 
     def start_d_sidecars(self) -> None:
         for n in self.nodes:

@@ -51,7 +51,10 @@ def queue_of(described: dict[str, Any], name: str) -> dict[str, Any]:
 
 def test_publish_on_one_node_consume_on_another_exactly_once(site: BrokerSite) -> None:
     assert site.admin(1, "add-queue", "orders", "--replicate", "full").returncode == 0
-    total = 10_000
+    # 10,000 on the embedded bus; 2,000 on corosync, whose ring in the lab's
+    # network namespaces carried about 150 a second here (CI's budget; the
+    # rate itself is measured in bench/).
+    total = 10_000 if site.backend == "embedded" else 2_000
     publisher = site.client_popen(1, "publish", site.amqp[1], "orders", "--count", str(total))
     consumer = site.client_popen(
         2, "consume", site.amqp[2], "orders", "--count", str(total), "--idle", "30"
@@ -108,6 +111,12 @@ def test_node_started_mid_stream_gets_the_same_state(site: BrokerSite) -> None:
     assert queue_of(site.describe(4), "events")["depth"] == 3000
 
 
+# The refusals are the broker's, not the bus's: on corosync with make test-long.
+@pytest.mark.parametrize(
+    "site",
+    [BACKENDS[0], pytest.param("corosync", marks=[*BACKENDS[1].marks, pytest.mark.long])],
+    indirect=True,
+)
 def test_refusals_name_the_queue(site: BrokerSite) -> None:
     assert site.admin(1, "add-queue", "small", "--max-depth", "5").returncode == 0
     result = site.client(1, "publish", site.amqp[1], "small", "--count", "8")

@@ -118,6 +118,7 @@ BIG_BODY = 1000
 @pytest.mark.e2e
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.long  # a big resync: 2.5 minutes here, run by make test-long
 def test_a_resync_bigger_than_one_bus_command_seeds_d(two: TwoSites) -> None:
     # Until the snapshot was staged in pieces, this one exceeded the ingress's
     # 60 MiB limit: refused, and retried by the egress for ever.
