@@ -176,8 +176,24 @@ async def _show_or_force(
     # The journals' incarnations, read now: by the time the ForceRecovery is
     # applied here the recovered state may already have replaced this one.
     reported = {incarnation for _pid, _cseq, incarnation, _p in state.candidates.values()}
+    candidates = dict(state.candidates)
     await member.submit_and_wait(pc.ForceRecovery(site, int(time.time() * 1e6)))
-    return await _wait_live(member, site, result, say, live_within_s, reported)
+    return await _wait_live(member, site, result, say, live_within_s, reported, candidates)
+
+
+def _chosen(state: SiteState, candidates: dict[int, tuple[int, int, int, int]]) -> str | None:
+    """Whose journal the forced recovery continues from, and its cseq: the
+    winner while the state is being taken, or, once the recovered state has
+    replaced this one (it may have by the time the command is back), the
+    reporting node whose cseq the site's last recovery continued from."""
+    if state.recovery_winner is not None:
+        node = state.recovery_winner[0]
+        return f"node {node}'s journal (cseq {state.candidates[node][1]})"
+    if state.incarnation == 0 or not state.recoveries:
+        return None
+    cseq = state.recoveries[-1].cseq
+    nodes = sorted(n for n, report in candidates.items() if report[1] == cseq)
+    return f"node {nodes[0]}'s journal (cseq {cseq})" if nodes else f"cseq {cseq}"
 
 
 async def _wait_live(
@@ -187,12 +203,13 @@ async def _wait_live(
     say: Callable[[str], None],
     within_s: float,
     reported: set[int],
+    candidates: dict[int, tuple[int, int, int, int]],
 ) -> dict[str, Any]:
     state = member.state
     winner = state.recovery_winner
-    if winner is not None:
-        cseq = state.candidates[winner[0]][1]
-        say(f"forced: site {site} continues from node {winner[0]}'s journal (cseq {cseq})")
+    chosen = _chosen(state, candidates)
+    if chosen is not None:
+        say(f"forced: site {site} continues from {chosen}")
     result["forced"] = True
     with trio.move_on_after(within_s):
         await member.site_live.wait()

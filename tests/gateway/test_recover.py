@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import trio
@@ -14,7 +15,8 @@ import trio
 from cluster import state as st
 from cluster.bus import BusConfig
 from cluster.member import NullObserver, SiteMember
-from gateway.commands.recover import load_site_bus, recover_site
+from cluster.state.model import Recovery
+from gateway.commands.recover import _wait_live, load_site_bus, recover_site
 from protocol import cluster as pc
 from protocol.errors import DrgateError
 from protocol.modes import Role
@@ -136,7 +138,6 @@ async def test_the_accept_incarnation_hint_survives_a_recovery_applied_before_th
 ) -> None:
     """The chosen broker's state may replace the command's before it looks
     again (no recovery winner left in it): the new incarnation is still told."""
-    from gateway.commands.recover import _wait_live
 
     class Recovered:
         state = journaled(1)
@@ -145,8 +146,32 @@ async def test_the_accept_incarnation_hint_survives_a_recovery_applied_before_th
     Recovered.state.incarnation = INCARNATION + 1  # the forced recovery's new one
     Recovered.site_live.set()
     said: list[str] = []
-    await _wait_live(Recovered(), SITE, {}, said.append, 1.0, {INCARNATION})  # type: ignore[arg-type]
+    await _wait_live(Recovered(), SITE, {}, said.append, 1.0, {INCARNATION}, {})  # type: ignore[arg-type]
     assert any("--accept-incarnation" in line for line in said), said
     said.clear()
-    await _wait_live(Recovered(), SITE, {}, said.append, 1.0, {INCARNATION + 1})  # type: ignore[arg-type]
+    await _wait_live(Recovered(), SITE, {}, said.append, 1.0, {INCARNATION + 1}, {})  # type: ignore[arg-type]
     assert not any("--accept-incarnation" in line for line in said), said
+
+
+async def test_a_forced_recovery_already_taken_when_the_command_returns_still_names_it() -> None:
+    # CI, once: the recovered state had replaced the admin member's (no
+    # winner any more, the site live) by the time ForceRecovery came back,
+    # and the "continues from node 2's journal" line was missing.
+    state = journaled(5)
+    state.recoveries.append(Recovery(count=1, cseq=6, dropped=False))
+    live = trio.Event()
+    live.set()
+    member = SimpleNamespace(state=state, site_live=live)
+    candidates = {2: (20, 6, INCARNATION, 0), 3: (30, 4, INCARNATION, 0)}
+    lines: list[str] = []
+    result = await _wait_live(
+        member,  # type: ignore[arg-type]
+        SITE,
+        {},
+        lines.append,
+        1.0,
+        {INCARNATION},
+        candidates,
+    )
+    assert lines[0] == "forced: site site-p continues from node 2's journal (cseq 6)"
+    assert result["live"]
