@@ -69,7 +69,7 @@ async def test_record_never_writes_and_serve_flushes_in_batches(tmp_path: Path) 
     assert not (tmp_path / "cap").exists()  # nothing touched the disk yet
     async with trio.open_nursery() as nursery:
         await nursery.start(sink.serve)
-        with trio.fail_after(5):
+        with trio.fail_after(30):
             # the worker thread's progress has no event to wait on: poll it
             while not sink.statistics()["bytes_written_total"]:  # noqa: ASYNC110
                 await trio.sleep(0.02)
