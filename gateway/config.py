@@ -13,6 +13,7 @@ The broker's config is read in gateway/brokerconfig.py, with these helpers.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 from cluster.addresses import Address, parse_address
@@ -39,6 +40,7 @@ from protocol.errors import ConfigError, Location, Problem, RulesError
 BUS_BACKENDS = ("embedded", "corosync")
 # The default group name: one site, one bus group.
 DEFAULT_GROUP = "drgate"
+NETNS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # as `ip netns add` takes it
 # /metrics and /status: loopback unless the config says otherwise, since they
 # tell whoever asks the site's topology, queues and lag; a broker and its
 # sidecar on one host need two ports.
@@ -164,7 +166,7 @@ def load_metrics(
 
 def load_bus(node: Node, problems: Problems, *, path: str, node_id: int) -> BusConfig | None:
     """``bus``; the embedded bus's ``key_file`` is relative to the config file ``path``."""
-    optional = ("group", "address", "key_file", "expect_brokers")
+    optional = ("group", "address", "key_file", "expect_brokers", "netns")
     fields = check_keys(node, problems, what="'bus'", required=("backend",), optional=optional)
     if fields is None:
         return None
@@ -205,6 +207,21 @@ def load_bus(node: Node, problems: Problems, *, path: str, node_id: int) -> BusC
             expect_int(fields["expect_brokers"], problems, what="'bus.expect_brokers'", minimum=0)
             or 0
         )
+    netns = None
+    if "netns" in fields:
+        netns = expect_str(fields["netns"], problems, what="'bus.netns'")
+        if backend == "embedded":
+            problems.error(
+                fields["netns"].location,
+                "'bus.netns' is for the corosync backend (the namespace its daemon serves)",
+                "remove netns: the embedded bus is reached by its address",
+            )
+        elif netns is not None and not NETNS_NAME.fullmatch(netns):
+            problems.error(
+                fields["netns"].location,
+                f"'bus.netns' {netns!r} is not a network namespace name",
+                "give the name 'ip netns list' shows (letters, digits, '.', '_', '-')",
+            )
     if backend is None:
         return None
     return BusConfig(
@@ -214,6 +231,7 @@ def load_bus(node: Node, problems: Problems, *, path: str, node_id: int) -> BusC
         address,
         key_file if backend == "embedded" else None,
         expect_brokers,
+        netns if backend == "corosync" else None,
     )
 
 

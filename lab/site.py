@@ -177,7 +177,10 @@ class BrokerSite(Started):
                 f"{self.corosync.node(node).address}:5672\n"
                 "  allow_plaintext: true\n  allow_anonymous: true"
             )
-            bus = f"  backend: corosync\n  group: {self.group}\n"
+            bus = (
+                f"  backend: corosync\n  group: {self.group}\n"
+                f"  netns: {self.corosync.node(node).netns}\n"
+            )
         else:
             listen = "127.0.0.1:0"
             bus = (
@@ -507,6 +510,8 @@ class TwoSites(Started):
             *(
                 [f"  address: {site.bus_address}", f"  key_file: {site.bus_key_path}"]
                 if site.backend == "embedded"
+                else [f"  netns: {site.corosync.node(n).netns}"]
+                if site.corosync
                 else []
             ),
             *([f"  expect_brokers: {len(site.node_ids)}"] if site.durable else []),

@@ -74,6 +74,9 @@ class BusConfig:
     # recovered, and continues from the most advanced (0: a site in memory,
     # which starts from nothing).  Every member of the site says the same.
     expect_brokers: int = 0
+    # corosync: the network namespace its daemon serves, when not the host's
+    # (the lab's nodes); the admin commands join from inside it (gateway/netns.py).
+    netns: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

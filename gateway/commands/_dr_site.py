@@ -8,6 +8,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from gateway.config import load_sidecar_config
+from gateway.netns import enter_bus_netns
 from protocol.errors import DrgateError
 
 if TYPE_CHECKING:
@@ -33,4 +34,5 @@ def load_dr_site(args: argparse.Namespace, *, command: str) -> tuple[SidecarConf
             f"{args.config} is the config of a primary-site sidecar ({config.site}); "
             f"run drgate {command} with a DR site's sidecar config"
         )
+    enter_bus_netns(config.bus)
     return config, args.origin or config.peer_cluster

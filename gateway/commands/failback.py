@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.config import load_sidecar_config
+from gateway.netns import enter_bus_netns
 from gateway.resync import open_admin_member
 from protocol import cluster as pc
 from protocol.errors import DrgateError
@@ -53,6 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_sidecar_config(args.config)
+    enter_bus_netns(config.bus)
     if config.primary:
         if args.epoch is None or args.epoch < 1:
             raise DrgateError(

@@ -28,6 +28,7 @@ from cluster.member import BusOpener, SiteMember, recovery_progress
 from cluster.state.model import SiteState
 from gateway.brokerconfig import load_broker_config
 from gateway.config import load_sidecar_config
+from gateway.netns import enter_bus_netns
 from gateway.resync import open_admin_member
 from protocol import cluster as pc
 from protocol.errors import ConfigError, DrgateError
@@ -74,6 +75,7 @@ def load_site_bus(path: str) -> tuple[str, BusConfig]:
 
 def run(args: argparse.Namespace) -> int:
     site, bus = load_site_bus(args.config)
+    enter_bus_netns(bus)
     say: Callable[[str], None] = (lambda _line: None) if args.json else print
     result = trio.run(lambda: recover_site(site, bus, force=args.force, say=say))
     if args.json:

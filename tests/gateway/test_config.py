@@ -240,6 +240,39 @@ def test_a_corosync_bus_takes_no_key_file(tmp_path: Path) -> None:
     )
 
 
+COROSYNC_BROKER = (
+    BROKER.replace("backend: embedded", "backend: corosync")
+    .replace("  address: 127.0.0.1:7400\n", "")
+    .replace("  key_file: bus.key\n", "")
+)
+
+
+def test_a_corosync_bus_names_the_namespace_its_daemon_serves(tmp_path: Path) -> None:
+    text = COROSYNC_BROKER.replace("  group: site-p\n", "  group: site-p\n  netns: dgAn2\n")
+    config = load_broker_config(write(tmp_path, "broker.yaml", text))
+    assert config.bus is not None and config.bus.netns == "dgAn2"
+    assert load_broker_config(write(tmp_path, "b2.yaml", COROSYNC_BROKER)).bus.netns is None
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        pytest.param(
+            BROKER.replace("  group: site-p\n", "  group: site-p\n  netns: dgAn2\n"),
+            ["'bus.netns' is for the corosync backend", "remove netns"],
+            id="embedded",
+        ),
+        pytest.param(
+            COROSYNC_BROKER.replace("  group: site-p\n", "  group: site-p\n  netns: ../etc\n"),
+            ["'../etc' is not a network namespace name", "ip netns list"],
+            id="not-a-name",
+        ),
+    ],
+)
+def test_a_bad_bus_netns_is_reported_at_netns(tmp_path: Path, text: str, words: list[str]) -> None:
+    assert_one_problem(load_broker_config, write(tmp_path, "broker.yaml", text), 6, 10, words)
+
+
 def test_broker_config_reports_every_mistake_at_once_in_file_order(tmp_path: Path) -> None:
     text = BROKER.replace("node: 2", "node: two").replace("127.0.0.1:5673", "nowhere")
     path = write(tmp_path, "broker.yaml", text + "extra: 1\n")

@@ -77,6 +77,15 @@ def test_lab_up_on_corosync_runs_both_sites_until_lab_down(tmp_path: Path) -> No
         )  # fmt: skip
         assert "egress" in status.stdout
         assert "ingress" in status.stdout
+        # From the operator's shell (this test's namespace, not a node's):
+        # the command runs itself again in the namespace the config names.
+        promote = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "promote", "--dry-run", "--json",
+             "--config", str(tmp_path / "d" / "sidecar-1.yaml")],
+            cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert promote.returncode == 0, promote.stderr
+        assert json.loads(promote.stdout.strip().splitlines()[-1])["origin"] == "site-p"
         down = subprocess.run(
             [*argv, "down", "--workdir", str(tmp_path)],
             cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
