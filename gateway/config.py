@@ -358,6 +358,7 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         capture=capture,
         zombie_guard=zombie_guard,
         link=link,
+        source=str(path),
     )
 
 

@@ -126,6 +126,8 @@ class Egress:
         self._announced = 0  # the last watermark posted
         self._waiting: trio.CancelScope | None = None
         self._woken = False
+        self.peers = config.peers  # D's sidecars, in order (set_peers)
+        self._peer_dropped = False  # the peer of the link up is no longer listed
 
     def request_resync(self) -> None:
         """The tap left a gap (a command too big for an event, or one it could
@@ -148,7 +150,6 @@ class Egress:
     async def serve(self) -> None:
         """Run the link whenever this sidecar is the egress; never returns."""
         backoff = BACKOFF_MIN_S
-        peers = self.config.peers
         index = 0
         while True:
             role = self._role()
@@ -156,6 +157,7 @@ class Egress:
                 self.status.state = "minority" if role == SidecarRole.MINORITY else "down"
                 await self._roles.wait()
                 continue
+            peers = self.peers  # re-read at each attempt (set_peers)
             peer = peers[index % len(peers)]
             address = str(peer)
             index += 1
@@ -173,6 +175,14 @@ class Egress:
             if index % len(peers) == 0:
                 await trio.sleep(backoff * random.uniform(0.5, 1.5))
                 backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    def set_peers(self, peers: tuple[Address, ...]) -> None:
+        """D's sidecars are now ``peers`` (the config was edited): tried from
+        the next attempt on; a link to a peer no longer listed is ended."""
+        self.peers = peers
+        if self.status.state == "up" and self.status.peer not in {str(p) for p in peers}:
+            self._peer_dropped = True
+            self.wake()
 
     def _failed(self, address: str, exc: Exception) -> bool:
         """Record a failed connection; True when D refused it for good."""
@@ -258,6 +268,9 @@ class Egress:
                 self._woken = False
                 if self._role() != SidecarRole.EGRESS:
                     raise DrgateError("no longer the active egress")
+                if self._peer_dropped:
+                    self._peer_dropped = False
+                    raise DrgateError(f"{address} is no longer among the config's peers")
                 if self.tap.epoch != sender.config.epoch:
                     raise DrgateError(f"this site's epoch is now {self.tap.epoch}: reconnecting")
                 await self._handle_events(session)

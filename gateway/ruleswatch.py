@@ -41,6 +41,16 @@ log = logging.getLogger("drgate.rules")
 POLL_S = 1.0
 
 
+def file_stamp(path: str) -> tuple[int, int, int] | None:
+    """What changes when a file is edited (modification time, size, inode: an
+    editor that writes a new file and renames it too); None when absent."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
 @dataclass(slots=True)
 class RulesWatcher:
     path: str
@@ -54,11 +64,7 @@ class RulesWatcher:
         self._seen = self._stamp()
 
     def _stamp(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+        return file_stamp(self.path)
 
     def poll(self, in_force: RuleSet) -> RulesPayload | None:
         """The switch to propose, if the file changed into valid new rules."""

@@ -41,6 +41,7 @@ from gateway.egress import Connector, Egress
 from gateway.ingress import Ingress
 from gateway.linkconfig import DEFAULT_LINK_SETTINGS, LinkSettings
 from gateway.linkconnect import open_link
+from gateway.peerswatch import PeersWatcher
 from gateway.roles import RoleSignal, SidecarRole, active_sidecar, role_of
 from gateway.ruleswatch import POLL_S as RULES_POLL_S
 from gateway.ruleswatch import RulesWatcher
@@ -94,6 +95,8 @@ class SidecarConfig:
     zombie_guard: str = "full"
     # The link's ack batching, window and heartbeat (the config's link: section).
     link: LinkSettings = DEFAULT_LINK_SETTINGS
+    # The file it was loaded from ("" when built in code): P re-reads its peers.
+    source: str = ""
 
     @property
     def pinned_names(self) -> tuple[str, ...]:
@@ -120,6 +123,7 @@ class Sidecar(NullObserver):
         )
         self.tap = Tap(config.rules, origin_cluster=config.site)
         self.rules_watch = RulesWatcher(config.rules.path)
+        self.peers_watch = PeersWatcher(config) if config.primary and config.source else None
         self.spool: Spool | None = None
         self.roles = RoleSignal()
         self._events: list[ReplEvent] = []  # tapped from the frame being applied
@@ -416,9 +420,12 @@ class Sidecar(NullObserver):
             task_status.started()
 
     async def _watch_rules(self) -> None:
-        """Propose a changed, valid rules file to the site (gateway/ruleswatch.py)."""
+        """Propose a changed, valid rules file to the site (gateway/ruleswatch.py);
+        take a changed ``peers`` list (gateway/peerswatch.py)."""
         watcher = self.rules_watch
         watcher.start_from()  # the file as loaded; only later edits are proposed
+        if self.peers_watch is not None:
+            self.peers_watch.start_from()
         if self.tap.rules.digest != self.config.rules.digest:
             log.warning(
                 "rules: %s differs from the rules in force (version %d, switched at cseq %s); "
@@ -429,6 +436,10 @@ class Sidecar(NullObserver):
             )
         while True:
             await trio.sleep(RULES_POLL_S)  # polling a file: there is no event to await
+            if self.peers_watch is not None and self.egress is not None:
+                peers = self.peers_watch.poll(self.egress.peers)
+                if peers is not None:
+                    self.egress.set_peers(peers)
             if self.current_role() not in (SidecarRole.EGRESS, SidecarRole.STANDBY):
                 continue  # not from a minority, nor before the state is here
             payload = watcher.poll(self.tap.rules)
@@ -464,7 +475,10 @@ class Sidecar(NullObserver):
             last_error=(
                 self.minority_text_now()
                 if role == SidecarRole.MINORITY
-                else link_side.status.last_error or self.tap.last_error or self.rules_watch.problem
+                else link_side.status.last_error
+                or self.tap.last_error
+                or self.rules_watch.problem
+                or (self.peers_watch.problem if self.peers_watch else "")
             ),
             rules=RulesSection(
                 version=self.tap.rules.rules_version,

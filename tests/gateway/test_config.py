@@ -510,6 +510,7 @@ def test_valid_sidecar_config_builds_the_frozen_object(tmp_path: Path) -> None:
         "capture": None,
         "zombie_guard": "full",
         "link": LinkSettings(),
+        "source": str(path),
     }
     got = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "rules"}
     assert got == expected

@@ -171,6 +171,24 @@ async def test_a_command_the_tap_cannot_forward_makes_d_resync_not_the_sidecar_s
         nursery.cancel_scope.cancel()
 
 
+async def test_peers_set_at_run_time_are_dialled_from_the_next_attempt(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with trio.open_nursery() as nursery:
+        site = PrimarySite(tmp_path, nursery)
+        egress = await site.start(1)
+        await site.start(2)
+        await site.wait_dialled(1)
+        assert {a for _, a in site.dialled} <= {"d1:1", "d2:1"}
+        assert egress.egress is not None
+        egress.egress.set_peers((Address("d3", 1),))  # the config was edited
+        with trio.fail_after(WITHIN_S):
+            while "d3:1" not in {a for _, a in site.dialled}:
+                await site.dialling.wait()
+                site.dialling = trio.Event()
+        nursery.cancel_scope.cancel()
+
+
 def fill_disk_of(directory: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every write to a file under ``directory`` fails as on a full disk."""
     prefix = os.path.realpath(directory)
