@@ -82,6 +82,12 @@ class PrimarySite:
         await self.nursery.start(self._serve, sidecar)
         return sidecar
 
+    async def start_three(self) -> tuple[Sidecar, Sidecar, Sidecar]:
+        """Sidecars 1, 2 and 3, once the last is a standby (1 is the egress)."""
+        first, second, third = [await self.start(node) for node in (1, 2, 3)]
+        await wait_until(lambda: third.current_role() == SidecarRole.STANDBY, third)
+        return first, second, third
+
     @staticmethod
     async def _serve(sidecar: Sidecar, *, task_status: trio.TaskStatus[None]) -> None:
         try:
@@ -95,8 +101,7 @@ async def test_the_lowest_sidecar_is_the_egress_and_a_standby_takes_over(
 ) -> None:
     async with trio.open_nursery() as nursery:
         site = PrimarySite(tmp_path, nursery)
-        first, second, third = [await site.start(node) for node in (1, 2, 3)]
-        await wait_until(lambda: third.current_role() == SidecarRole.STANDBY, third)
+        first, second, third = await site.start_three()
         assert second.current_role() == SidecarRole.STANDBY
         assert first.current_role() == SidecarRole.EGRESS
         assert first.active_sidecar() == third.active_sidecar() == first.member.me
@@ -211,8 +216,7 @@ async def test_an_egress_whose_spool_disk_fails_steps_back_for_a_standby_that_ho
     # (218 messages lost), while the standbys' spools held every event.
     async with trio.open_nursery() as nursery:
         site = PrimarySite(tmp_path, nursery)
-        first, second, third = [await site.start(node) for node in (1, 2, 3)]
-        await wait_until(lambda: third.current_role() == SidecarRole.STANDBY, third)
+        first, second, third = await site.start_three()
         assert first.current_role() == SidecarRole.EGRESS
         await first.member.submit_and_wait(pc.QueueDeclare("q-full"))
         assert first.spool is not None and second.spool is not None
