@@ -56,9 +56,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from protocol.errors import Location, Problem
-from protocol.modes import Mode, as_text, from_args_mode
+from protocol.modes import Mode, as_text, from_args_mode, replication_paused
 
 FORWARDS_MESSAGES = frozenset({Mode.FULL, Mode.ENQUEUE})
+
+
+# The rule name of a queue whose replication an operator paused
+# (``drgate replicate pause``): mode none, whatever its rule says.
+PAUSED = "(paused)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,8 +363,11 @@ class RuleSet:
         mode = action.mode
         if mode is None:
             mode = from_args_mode(args, action.fallback)[0]
+        name = rule.name
+        if mode != Mode.NONE and replication_paused(args):
+            mode, name = Mode.NONE, PAUSED  # whatever the rule says, until resumed
         return Decision(
-            mode, rule.name, rule.index, action.prefix + queue + action.suffix,
+            mode, name, rule.index, action.prefix + queue + action.suffix,
             action.max_message_bytes,
         )  # fmt: skip
 

@@ -61,6 +61,7 @@ class TapStatistics:
     forwarded_total: Mapping[str, int]  # replication events produced, by mode
     filtered_total: Mapping[tuple[str, str], int]  # not forwarded, by (mode, deciding rule)
     dropped_total: Mapping[str, int]  # dropped, by reason
+    paused: tuple[str, ...] = ()  # queues whose replication is paused (drgate replicate pause)
 
 
 @dataclass(frozen=True, slots=True)

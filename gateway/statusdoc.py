@@ -77,6 +77,7 @@ def status_document(
         "rules_digest": rules.digest if rules else None,
         "rules_file_problem": rules.file_problem if rules else "",
         "rules_reload_failures": rules.failed_reloads_total if rules else None,
+        "paused_queues": list(sidecar.tap.paused) if sidecar and sidecar.tap else None,
         "bus": bus,
         "resync": resync,
         "journal": None if stats.journal is None else dataclasses.asdict(stats.journal),

@@ -53,7 +53,7 @@ from typing import Any
 
 from cluster import state as st
 from cluster.state.model import Queue, SiteState
-from filters.matcher import Decision, Drop, RuleSet
+from filters.matcher import PAUSED, Decision, Drop, RuleSet
 from filters.switch import RulesPayload, apply_switch
 from gateway.content import MESSAGE_MODES, queue_content
 from gateway.statistics import TapStatistics
@@ -224,15 +224,19 @@ class Tap:
         old: Mode,
         decision: Decision,
         items: list[tuple[Mode, pc.Command]],
+        *,
+        resumed: bool = False,
     ) -> None:
         """One queue's mode went from ``old`` to ``decision.mode``: D gets the
-        part of the queue's content it does not hold yet."""
+        part of the queue's content it does not hold yet.  ``resumed``: the
+        queue's replication was paused, so D holds a stale copy of it."""
         new = decision.mode
         if new in (old, Mode.NONE):
             return
         # enqueue -> full: D's own consumers have changed D's copy, and a full
-        # replica must mirror P's queue, so D's copy is replaced.
-        replace = old == Mode.ENQUEUE and new == Mode.FULL
+        # replica must mirror P's queue, so D's copy is replaced; so is the
+        # stale copy of a full queue whose replication resumes.
+        replace = new == Mode.FULL and (old == Mode.ENQUEUE or resumed)
         if replace:
             items.append((new, pc.QueueDelete(decision.target_name)))
         content = queue_content(
@@ -259,7 +263,8 @@ class Tap:
                 decision = self.rules.decide_queue(e.queue, e.args)
                 q = state.queues.get(e.queue)
                 if previous is not None and previous.mode != decision.mode and q is not None:
-                    self._queue_change(state, q, previous.mode, decision, items)
+                    resumed = previous.rule_name == PAUSED
+                    self._queue_change(state, q, previous.mode, decision, items, resumed=resumed)
                     continue
                 if decision.mode == Mode.NONE:
                     self._filtered(decision)
@@ -329,4 +334,7 @@ class Tap:
             forwarded_total=dict(self.forwarded),
             filtered_total=dict(self.filtered),
             dropped_total=dict(self.dropped),
+            paused=tuple(
+                sorted(q for q, d in self.rules.decisions.items() if d.rule_name == PAUSED)
+            ),
         )

@@ -62,6 +62,9 @@ class Role(enum.IntEnum):
 REPLICATE_ARG = "qpid.replicate"
 REPLICATE_VALUES = ("all", "configuration", "none")
 EVENT_GENERATION_ARG = "qpid.queue_event_generation"
+# ``drgate replicate pause|resume QUEUE``: true stops forwarding the queue
+# (whatever its mode) until it is false again (docs/operations.md).
+PAUSED_ARG = "x-drgate-replication-paused"
 EVENT_GENERATION_VALUES = (1, 2)
 MAX_COUNT_ARGS = ("qpid.max_count", "max_depth")
 """Queue arguments giving the maximum number of messages (first found wins)."""
@@ -147,6 +150,13 @@ def from_args_mode(args: Mapping[str, Any] | None, fallback: Mode) -> tuple[Mode
     if generation == "2":
         return Mode.FULL, "qpid.queue_event_generation=2"
     return fallback, "no replication argument: the rule's fallback"
+
+
+def replication_paused(args: Mapping[str, Any] | None) -> bool:
+    """The queue's replication is paused (its ``PAUSED_ARG`` reads true)."""
+    if not args:
+        return False
+    return as_text(args.get(PAUSED_ARG, "")).strip().lower() == "true"
 
 
 def limit_value(value: Any) -> int | None:

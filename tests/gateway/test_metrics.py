@@ -300,6 +300,7 @@ def test_status_document_of_a_broker_field_for_field() -> None:
         "rules_digest": None,
         "rules_file_problem": "",
         "rules_reload_failures": None,
+        "paused_queues": None,
         "bus": {"view_size": 2, "quorate": True, "members": 5},
         "resync": {},
         "merge": {"r7_fenced": 1},

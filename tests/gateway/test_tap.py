@@ -14,7 +14,7 @@ from filters.rules import load_rules
 from filters.switch import RulesPayload
 from gateway.tap import SWITCH_EVENT_MAX_BYTES, SWITCH_EVENT_MAX_MESSAGES, ReplEvent, Tap
 from protocol import cluster as pc
-from protocol.modes import Mode
+from protocol.modes import PAUSED_ARG, Mode
 
 A = MemberId(1, 100)
 SA = session_id(1, 100, 1)
@@ -315,6 +315,29 @@ def test_a_redeclare_that_changes_the_mode_sends_the_content() -> None:
         (Mode.FULL, pc.QueueDeclare("dr.q.1", full)),
         (Mode.FULL, pc.Enqueue("dr.q.1", 1, b"one", "m-1")),
     ]
+
+
+@pytest.mark.parametrize("queue", ["f.q", "e.q"])
+def test_a_paused_queue_forwards_nothing_and_on_resume_d_gets_what_it_lacks(queue: str) -> None:
+    site = declared(queue)
+    site.run(pc.Publish("", queue, b"one", "m-1", ref=1))
+    paused = site.forwarded(pc.QueueDeclare(queue, {PAUSED_ARG: True}))
+    assert paused == []  # D keeps its copy as it was
+    assert site.tap.statistics().paused == (queue,)
+    assert site.forwarded(pc.Publish("", queue, b"two", "m-2", ref=2)) == []
+    assert site.forwarded(pc.Bind("amq.direct", queue, "k")) == []
+
+    resumed = site.forwarded(pc.QueueDeclare(queue, {PAUSED_ARG: False}))
+    assert site.tap.statistics().paused == ()
+    mode, target = QUEUES[queue], "dr." + queue
+    commands = [c for _, c in resumed]
+    # A full replica went stale: replaced by P's queue.  An enqueue copy is
+    # D's consumers': P's messages go again, and D keeps those above its mark.
+    assert (pc.QueueDelete(target) in commands) == (mode == Mode.FULL)
+    assert [c.message_id for c in commands if isinstance(c, pc.Enqueue)] == ["m-1", "m-2"]
+    assert pc.Bind("amq.direct", target, "k") in commands
+    assert {m for m, _ in resumed} == {mode}
+    assert site.forwarded(pc.Publish("", queue, b"three", "m-3", ref=3)) != []
 
 
 def test_a_bad_switch_keeps_the_old_rules_and_forwards_nothing() -> None:
