@@ -524,7 +524,9 @@ class BrokerNode(NullObserver):
         message = delivery.message
         address = link.address or message.address or ""
         principal = link.connection.principal
-        body = message.encode()
+        # Stored and passed on as the client sent it (docs/broker.md,
+        # "Messages pass through unchanged").
+        body = delivery.encoded or bytes(message.encode())
         refusal = None
         if not principal.may_publish(address):
             refusal = Rejected(UNAUTHORIZED, self.unauthorized(principal, "publish", address))

@@ -295,15 +295,15 @@ def split_message_untrusted(data: bytes) -> MessageSections:
         vcode = data[value_at] if value_at < len(data) else -1
         allowed = _SECTION_TYPES.get(code)
         if allowed is not None and vcode not in allowed:
-            raise w.fail(value_at, f"a {_LABEL[code]} section holding type 0x{vcode:02x}")
+            raise w.fail(value_at, f"section {_LABEL[code]} holding type 0x{vcode:02x}")
         end = w.value(value_at, len(data), 1)
         r = _RANK[code]
+        if r == 5 and body_kind not in (-1, code):
+            raise w.fail(pos, "body sections of two kinds")
         repeat = r == rank and r == 5 and code == body_kind and code != AMQP_VALUE
         if r < rank or (r == rank and not repeat):
-            raise w.fail(pos, f"a {_LABEL[code]} section out of order")
+            raise w.fail(pos, f"section {_LABEL[code]} out of order")
         if r == 5:
-            if body_kind not in (-1, code):
-                raise w.fail(pos, "body sections of two kinds")
             body_kind = code
         if code in (PROPERTIES, APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE, AMQP_VALUE):
             bare_start = pos if bare_start < 0 else bare_start
