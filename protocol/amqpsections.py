@@ -67,6 +67,8 @@ _MAP = (0xC1, 0xD1)
 # Array: size | count | element constructor | count values without constructor.
 _ARRAY = (0xE0, 0xF0)
 _DESCRIBED = 0x00
+# vbin8, str8-utf8, sym8: walked inline in a compound.
+_SHORT_VARIABLE = frozenset({0xA0, 0xA1, 0xA3})
 
 _U8 = struct.Struct(">B")
 _U32 = struct.Struct(">I")
@@ -157,8 +159,42 @@ class _Walker:
         return self.constructor(after, end, depth + 1)
 
     def value(self, pos: int, end: int, depth: int = 0) -> int:
+        if pos < end:
+            # The common case first: a fixed-width value, no call for it.
+            width = _FIXED.get(self.data[pos])
+            if width is not None and pos + 1 + width <= end:
+                return pos + 1 + width
         code, pos = self.constructor(pos, end, depth)
         return self.body(code, pos, end, depth)
+
+    def items_end(self, pos: int, stop: int, count: int, depth: int) -> int:
+        """The end of ``count`` values from ``pos`` inside ``stop``: fixed
+        widths and small binaries and strings inline, the rest by
+        :meth:`value` (every member walks every publish: this is its loop)."""
+        data = self.data
+        fixed = _FIXED
+        for _ in range(count):
+            if pos >= stop:
+                raise self.fail(pos, "a value is missing")
+            code = data[pos]
+            width = fixed.get(code)
+            if width is not None:
+                pos += 1 + width
+            elif code in _SHORT_VARIABLE:
+                if pos + 2 > stop or pos + 2 + data[pos + 1] > stop:
+                    raise self.fail(pos, "a value runs past its end")
+                after = pos + 2 + data[pos + 1]
+                if code != 0xA0:
+                    try:
+                        data[pos + 2 : after].decode("utf-8" if code == 0xA1 else "ascii")
+                    except UnicodeDecodeError as exc:
+                        raise self.fail(pos, f"a string that is not valid text: {exc}") from None
+                pos = after
+            else:
+                pos = self.value(pos, stop, depth)
+        if pos > stop:
+            raise self.fail(stop, "a value runs past its end")
+        return pos
 
     def body(self, code: int, pos: int, end: int, depth: int) -> int:
         """The end of a value of primitive ``code`` whose bytes start at ``pos``."""
@@ -204,13 +240,16 @@ class _Walker:
             if code in _ARRAY:
                 if count:
                     element, pos = self.constructor(pos, stop, depth + 1)
-                    for _ in range(count):
-                        pos = self.body(element, pos, stop, depth + 1)
+                    width = _FIXED.get(element)
+                    if width is not None:
+                        pos = self.need(pos, width * count, "array elements", stop)
+                    else:
+                        for _ in range(count):
+                            pos = self.body(element, pos, stop, depth + 1)
                 elif pos < stop:
                     _element, pos = self.constructor(pos, stop, depth + 1)
             else:
-                for _ in range(count):
-                    pos = self.value(pos, stop, depth + 1)
+                pos = self.items_end(pos, stop, count, depth + 1)
             if pos != stop:
                 raise self.fail(pos, f"{stop - pos} bytes left over in a compound")
             return stop
