@@ -39,8 +39,8 @@ from cluster.amqp import (
     IncomingLink,
     Outcome,
     OutgoingLink,
-    serve_amqp,
 )
+from cluster.amqpserver import serve_amqp
 
 
 class Node:

@@ -64,6 +64,7 @@ from cluster.amqpvalues import (
     str_keys,
     symbols,
 )
+from protocol.amqpsections import split_message_untrusted
 from protocol.errors import DrgateError
 
 __all__ = [
@@ -360,18 +361,29 @@ class IncomingLink(_LinkBase):
 class InboundDelivery:
     """A whole message received on an :class:`IncomingLink`, to be settled.
 
-    ``presettled`` is true when the client sent it at-most-once; settling it
-    then only frees it.
+    ``encoded`` is the message as the client sent it, checked by
+    :func:`protocol.amqpsections.split_message_untrusted`: what the broker
+    stores and passes on, byte for byte.  ``message`` is Proton's decoding
+    of it, for the fields the broker reads (address, subject, id, durable,
+    application properties).  ``presettled`` is true when the client sent
+    it at-most-once; settling it then only frees it.
     """
 
-    __slots__ = ("_dlv", "_settled", "link", "message", "presettled", "tag")
+    __slots__ = ("_dlv", "_settled", "encoded", "link", "message", "presettled", "tag")
 
     def __init__(
-        self, link: IncomingLink, dlv: Delivery, message: Message, *, presettled: bool
+        self,
+        link: IncomingLink,
+        dlv: Delivery,
+        message: Message,
+        encoded: bytes = b"",
+        *,
+        presettled: bool,
     ) -> None:
         self.link = link
         self._dlv = dlv
         self.message = message
+        self.encoded = encoded
         tag = dlv.tag
         self.tag: bytes = tag.encode() if isinstance(tag, str) else bytes(tag)
         self.presettled = presettled
@@ -796,19 +808,23 @@ class AmqpConnection:
                     f"message on link to {link.address!r} exceeds {MAX_MESSAGE_BYTES} bytes",
                 )
             return
-        data = link._receiver.recv(dlv.pending)
+        data = bytes(link._receiver.recv(dlv.pending) or b"")
         presettled = bool(dlv.settled)
         link._receiver.advance()
         msg = Message()
         try:
-            msg.decode(data or b"")
-        except Exception as exc:  # MessageException or DataException on bad bytes
+            # The strict walk first: it names what is wrong, and Proton's
+            # decoder takes what it cannot represent (a second data
+            # section, a footer) without a word.
+            split_message_untrusted(data)
+            msg.decode(data)
+        except Exception as exc:  # ours, or Proton's MessageException or DataException
             if not presettled:
                 apply_outcome(dlv, Rejected("amqp:decode-error", f"undecodable message: {exc}"))
             dlv.settle()
             return
         self.statistics_messages_in += 1
-        delivery = InboundDelivery(link, dlv, msg, presettled=presettled)
+        delivery = InboundDelivery(link, dlv, msg, data, presettled=presettled)
         await self._call(self._handler.on_message, link, delivery)
 
     async def _report_link_closed(self, link: OutgoingLink | IncomingLink) -> None:

@@ -23,6 +23,7 @@ __all__ = [
     "Released",
     "apply_outcome",
     "data_to_py",
+    "encode_annotations",
     "remote_outcome",
     "str_keys",
     "symbols",
@@ -62,6 +63,18 @@ class Modified:
 
 
 Outcome = Accepted | Rejected | Released | Modified
+
+
+def encode_annotations(annotations: dict[str, Any] | None) -> bytes:
+    """``annotations`` (a ``modified`` outcome's) as an encoded AMQP map with
+    symbol keys, values typed as Proton decoded them; ``b""`` for none."""
+    if not annotations:
+        return b""
+    data = proton.Data()
+    data.put_dict({proton.symbol(k): v for k, v in annotations.items()})
+    return bytes(data.encode())
+
+
 ACCEPTED = Accepted()
 RELEASED = Released()
 

@@ -54,6 +54,7 @@ from cluster.amqp import (
 )
 from cluster.amqpauth import AmqpSecurity, Principal
 from cluster.amqpserver import serve_amqp
+from cluster.amqpvalues import encode_annotations
 from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
 from cluster.durability import JournalSettings, NodeJournal
 from cluster.member import FORCE_HINT, BusOpener, NullObserver, SiteMember
@@ -64,7 +65,8 @@ from cluster.statistics import BusSection, DonationSection, JournalSection, Node
 from cluster.tls import TlsFiles, server_context
 from cluster.webconfig import WebConfig
 from protocol import cluster as pc
-from protocol.errors import DrgateError
+from protocol.amqpsections import with_broker_state
+from protocol.errors import DrgateError, RemoteProtocolError
 from protocol.modes import Role
 from protocol.values import Value
 
@@ -128,29 +130,35 @@ class _Consumer:
 def _encoded(msg: Any) -> bytes:
     """The AMQP message to send for stored message ``msg``: its body as
     published (an encoded AMQP message: this broker and the origin site's
-    store what their publishers sent), with the header's delivery count
-    raised when it was delivered before.  A body that is not an encoded
+    store what their publishers sent), with what the brokers own put over
+    it -- the delivery count raised by the failed deliveries, the
+    annotations of ``modified`` outcomes merged -- and every other section
+    as it was (protocol/amqpsections.py).  A body that is not an encoded
     message is sent as the body of one."""
     body = bytes(msg.body)
-    if not msg.redelivered and body[:2] in _SECTION_STARTS:
+    if not msg.delivery_count and not msg.annotations and body[:2] in _SECTION_STARTS:
         return body
-    message = Message()
     try:
-        message.decode(body)
-    except Exception:  # a body that is not an encoded AMQP message
+        return with_broker_state(body, msg.delivery_count, msg.annotations)
+    except RemoteProtocolError:  # a body that is not an encoded AMQP message
         message = Message(body=body)
-    if msg.redelivered:
-        message.delivery_count = max(1, message.delivery_count or 0)
-    return bytes(message.encode())
+        message.delivery_count = msg.delivery_count
+        return bytes(message.encode())
 
 
-def _settlement(outcome: Outcome) -> tuple[str, bool]:
+Settlement = tuple[str, bool]
+"""What a run of outcomes does: ``("accept", _)``, ``("release",
+redelivered)`` or ``("modify", _)``."""
+
+
+def _settlement(outcome: Outcome) -> Settlement:
     """What a client's outcome does: ("accept", _) dequeues (a rejected
-    message is dropped too); ("release", redelivered) makes it available again."""
+    message is dropped too); ("release", False) makes it available again;
+    ("modify", _) does too, with what the ``modified`` outcome says."""
     if isinstance(outcome, Accepted | Rejected):
         return ("accept", False)
     if isinstance(outcome, Modified):
-        return ("release", bool(outcome.delivery_failed))
+        return ("modify", False)
     return ("release", False)
 
 
@@ -516,7 +524,9 @@ class BrokerNode(NullObserver):
         message = delivery.message
         address = link.address or message.address or ""
         principal = link.connection.principal
-        body = message.encode()
+        # Stored and passed on as the client sent it (docs/broker.md,
+        # "Messages pass through unchanged").
+        body = delivery.encoded or bytes(message.encode())
         refusal = None
         if not principal.may_publish(address):
             refusal = Rejected(UNAUTHORIZED, self.unauthorized(principal, "publish", address))
@@ -574,12 +584,13 @@ class BrokerNode(NullObserver):
         # One command per run of settlements of one kind, in order: a
         # consumer's window of accepts is one Accept on the bus.
         run: list[int] = []
-        run_kind: tuple[str, bool] | None = None
+        run_kind: Outcome | Settlement | None = None
         for token, outcome in outcomes:
             if not isinstance(token, int):
                 continue
             consumer.unsettled.pop(token, None)
-            kind = _settlement(outcome)
+            # Modified outcomes run together only when they say the same.
+            kind = outcome if isinstance(outcome, Modified) else _settlement(outcome)
             if kind != run_kind and run:
                 await self._submit_settlement(consumer, run_kind, run)
                 run = []
@@ -589,16 +600,26 @@ class BrokerNode(NullObserver):
             await self._submit_settlement(consumer, run_kind, run)
 
     async def _submit_settlement(
-        self, consumer: _Consumer, kind: tuple[str, bool] | None, positions: list[int]
+        self, consumer: _Consumer, kind: Outcome | Settlement | None, positions: list[int]
     ) -> None:
-        assert kind is not None
-        if kind[0] == "accept":
-            # A rejected message is discarded (there is no dead-letter queue).
-            await self.member.submit(pc.Accept(consumer.queue, consumer.session, tuple(positions)))
-        else:
+        queue, session, held = consumer.queue, consumer.session, tuple(positions)
+        if isinstance(kind, Modified):
             await self.member.submit(
-                pc.Release(consumer.queue, consumer.session, tuple(positions), kind[1])
+                pc.Modify(
+                    queue,
+                    session,
+                    consumer.id,
+                    held,
+                    kind.delivery_failed,
+                    kind.undeliverable_here,
+                    encode_annotations(kind.annotations),
+                )
             )
+        elif isinstance(kind, tuple) and kind[0] == "accept":
+            # A rejected message is discarded (there is no dead-letter queue).
+            await self.member.submit(pc.Accept(queue, session, held))
+        else:
+            await self.member.submit(pc.Release(queue, session, held, False))
 
     async def on_link_closed(self, link: OutgoingLink | IncomingLink) -> None:
         if isinstance(link, OutgoingLink):

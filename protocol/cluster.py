@@ -228,6 +228,39 @@ class Release(_CommandBase):
     redelivered: bool = True
 
 
+# key=queue  meta: session u64 | consumer u32 | delivery_failed u8
+#                  | undeliverable_here u8 | positions
+#            tail: annotations (an encoded AMQP map, or empty)
+@_command(
+    Kind.MODIFY,
+    key="queue",
+    meta=[
+        ("session", Int64ub),
+        ("consumer", Int32ub),
+        ("delivery_failed", Flag),
+        ("undeliverable_here", Flag),
+        ("positions", _POSITIONS, _tuple),
+    ],
+    tail="annotations",
+)
+@dataclass(frozen=True, slots=True)
+class Modify(_CommandBase):
+    """A consumer settled the messages at ``positions`` with AMQP's
+    ``modified`` outcome: they go back to the queue, in their place, like a
+    :class:`Release`; ``delivery_failed`` raises each one's delivery count,
+    ``undeliverable_here`` keeps them from ``session``'s ``consumer`` for
+    good, and ``annotations`` (an encoded AMQP map, as the client sent it)
+    is merged over their message annotations."""
+
+    queue: str
+    session: int
+    consumer: int
+    positions: tuple[int, ...]
+    delivery_failed: bool = False
+    undeliverable_here: bool = False
+    annotations: Body = b""
+
+
 # key=queue  meta: (empty)
 @_command(Kind.PURGE, key="queue")
 @dataclass(frozen=True, slots=True)
@@ -589,6 +622,7 @@ Command: TypeAlias = (
     | Acquire
     | Accept
     | Release
+    | Modify
     | Purge
     | SessionOpen
     | SessionClose

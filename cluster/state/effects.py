@@ -36,18 +36,35 @@ class Message:
     position on the origin site's queue for a message that arrived by
     replication (0 for a message published here).  The message's identity
     across sites is ``(origin incarnation, queue, identity_pos)``.
+
+    ``body`` is the encoded AMQP message as its publisher sent it, never
+    changed.  What the site's brokers own is kept beside it and put over it
+    when the message goes out (protocol/amqpsections.py):
+    ``delivery_count`` is added to the header's delivery count (failed
+    deliveries: ``modified`` with delivery-failed, a consumer gone with the
+    message unsettled), ``annotations`` is an encoded AMQP map merged over
+    the message annotations (from ``modified`` outcomes), and ``refused``
+    holds the ``(session, consumer)`` links that called it
+    undeliverable-here, which never acquire it again.
     """
 
     pos: int
     body: bytes
     message_id: str = ""
     properties: ValueMap | None = None
-    redelivered: bool = False
+    delivery_count: int = 0
     origin_pos: int = 0
+    annotations: bytes = b""
+    refused: tuple[tuple[int, int], ...] = ()
 
     @property
     def identity_pos(self) -> int:
         return self.origin_pos or self.pos
+
+    @property
+    def redelivered(self) -> bool:
+        """It went out before: the client may have seen it."""
+        return self.delivery_count > 0
 
 
 class Reason(enum.StrEnum):

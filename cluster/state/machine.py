@@ -25,6 +25,7 @@ are decided in :mod:`cluster.state.merge`, their inner commands go through
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -62,6 +63,7 @@ from cluster.state.queues import (
 )
 from cluster.state.replica import replicated
 from cluster.state.resync import resync_apply, resync_commit, resync_stage
+from protocol.amqpsections import merge_annotations_untrusted
 from protocol.cluster import (
     Accept,
     AcceptIncarnation,
@@ -79,6 +81,7 @@ from protocol.cluster import (
     Genesis,
     JoinHave,
     MemberReady,
+    Modify,
     Promote,
     Publish,
     Purge,
@@ -99,6 +102,7 @@ from protocol.cluster import (
     Superseded,
     Unbind,
 )
+from protocol.errors import RemoteProtocolError
 from protocol.modes import check_declare_args
 
 Effects = list[Effect]
@@ -190,18 +194,21 @@ def _release(
     redelivered: bool,
     reason: str,
     eff: Effects,
+    modify: Modify | None = None,
 ) -> None:
+    """``positions`` held by ``s`` go back to ``q`` in their place; with
+    ``redelivered`` each counts a failed delivery (it went out and came back
+    unsettled), with ``modify`` the consumer's ``modified`` outcome applies."""
     held = s.acquired.get(q.name)
     done: list[int] = []
     if held is not None:
         for pos in positions:
             if pos in held:
-                del held[pos]
+                consumer = held.pop(pos)
                 del q.acquired[pos]
-                if redelivered:
+                if redelivered or modify is not None:
                     msg = q.messages[pos]
-                    if not msg.redelivered:
-                        q.messages[pos] = replace(msg, redelivered=True)
+                    q.messages[pos] = _returned(msg, redelivered, modify, s.id, consumer)
                 q.make_available(pos)
                 done.append(pos)
         if not held:
@@ -210,6 +217,26 @@ def _release(
         state.count("stale_settlements", len(positions) - len(done))
     if done:
         eff.append(Released(q.name, s.id, tuple(done), reason))
+
+
+def _returned(
+    msg: Message, failed: bool, modify: Modify | None, session: int, consumer: int
+) -> Message:
+    """``msg`` as a link hands it back: its delivery count raised when the
+    delivery failed, the link added to those it is kept from when the link
+    called it undeliverable-here, the outcome's annotations merged."""
+    count = msg.delivery_count + (1 if failed else 0)
+    refused = msg.refused
+    annotations = msg.annotations
+    if modify is not None:
+        if modify.undeliverable_here and (session, consumer) not in refused:
+            refused = (*refused, (session, consumer))
+        if modify.annotations:
+            # Encoded by the member that sent it; a damaged map changes
+            # nothing, on every member alike.
+            with contextlib.suppress(RemoteProtocolError):
+                annotations = merge_annotations_untrusted(annotations, bytes(modify.annotations))
+    return replace(msg, delivery_count=count, refused=refused, annotations=annotations)
 
 
 def _close_session(state: SiteState, s: Session, reason: str, eff: Effects) -> None:
@@ -524,7 +551,7 @@ def _acquire(state: SiteState, cmd: Acquire, sender: Sender | None, eff: Effects
             session=cmd.session,
         )
         return
-    positions = q.take(cmd.count)
+    positions = q.take(cmd.count, (s.id, cmd.consumer))
     if not positions:
         return
     held = s.acquired.setdefault(q.name, {})
@@ -564,6 +591,15 @@ def _release_cmd(state: SiteState, cmd: Release, sender: Sender | None, eff: Eff
         state.count("stale_settlements", len(cmd.positions))
         return
     _release(state, q, s, cmd.positions, cmd.redelivered, "release", eff)
+
+
+def _modify(state: SiteState, cmd: Modify, sender: Sender | None, eff: Effects) -> None:
+    q = state.queues.get(cmd.queue)
+    s = state.sessions.get(cmd.session)
+    if q is None or s is None:
+        state.count("stale_settlements", len(cmd.positions))
+        return
+    _release(state, q, s, cmd.positions, cmd.delivery_failed, "release", eff, cmd)
 
 
 def _purge(state: SiteState, cmd: Purge, sender: Sender | None, eff: Effects) -> None:
@@ -813,6 +849,7 @@ _LOCAL: dict[type, Callable[[SiteState, Any, Sender | None, Effects], None]] = {
     Acquire: _acquire,
     Accept: _accept,
     Release: _release_cmd,
+    Modify: _modify,
     Purge: _purge,
     SessionOpen: _session_open,
     SessionClose: _session_close,

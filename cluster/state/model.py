@@ -170,18 +170,26 @@ class Queue:
         heapq.heapify(self.available)
         self.next_pos = max(self.next_pos, msgs[-1].pos + 1)
 
-    def take(self, count: int) -> list[int]:
-        """Pop up to ``count`` available positions, lowest first."""
+    def take(self, count: int, link: tuple[int, int] = (0, 0)) -> list[int]:
+        """Pop up to ``count`` available positions, lowest first, passing
+        over the messages ``link`` (session, consumer) refused as
+        undeliverable-here (they stay available to other links)."""
         out: list[int] = []
         heap = self.available
         messages = self.messages
         acquired = self.acquired
+        passed: list[int] = []
         while heap and len(out) < count:
             pos = heapq.heappop(heap)
-            if pos in messages and pos not in acquired:
-                out.append(pos)
-            else:
+            msg = messages.get(pos)
+            if msg is None or pos in acquired:
                 self.stale -= 1
+            elif msg.refused and link in msg.refused:
+                passed.append(pos)
+            else:
+                out.append(pos)
+        for pos in passed:
+            heapq.heappush(heap, pos)
         return out
 
     def make_available(self, pos: int) -> None:

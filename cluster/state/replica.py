@@ -247,7 +247,7 @@ def _r_enqueue(state: SiteState, origin: str, mode: Mode, cmd: Enqueue, eff: Eff
     # R4 vs mirror: a full replica keeps the origin's positions, an enqueue
     # queue appends at its own tail with a local pos.
     pos = cmd.pos if r.mode == Mode.FULL else q.next_pos
-    q.append(Message(pos, bytes(cmd.body), cmd.message_id, props, cmd.redelivered, cmd.pos))
+    q.append(Message(pos, bytes(cmd.body), cmd.message_id, props, int(cmd.redelivered), cmd.pos))
     eff.append(Enqueued(q.name, pos, cmd.pos))
 
 

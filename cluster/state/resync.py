@@ -29,6 +29,8 @@ incarnation is new to this site.  ``applied[incarnation]`` becomes the cut.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cluster.state.effects import Effect, Enqueued, Message, Outcome, ReplicatedOutcome, Sender
 from cluster.state.merge import admit, record_applied
 from cluster.state.model import Queue, SiteState, StagedQueue, StagedResync
@@ -178,7 +180,7 @@ def stage_records(state: SiteState, staged: StagedResync, records: bytes | memor
                         bytes(inner.body),
                         inner.message_id,
                         props,
-                        inner.redelivered,
+                        int(inner.redelivered),
                         inner.pos,
                     )
                 )
@@ -248,10 +250,7 @@ def _take_messages(state: SiteState, q: Queue, msgs: list[Message], eff: Effects
         return
     if r.mode != Mode.FULL:
         base = q.next_pos
-        fresh = [
-            Message(base + i, m.body, m.message_id, m.properties, m.redelivered, m.origin_pos)
-            for i, m in enumerate(fresh)
-        ]
+        fresh = [replace(m, pos=base + i) for i, m in enumerate(fresh)]
     state.count("replicated_over_limit", _over_limit(q, fresh))
     q.extend(fresh)
     r.high_pos = fresh[-1].origin_pos

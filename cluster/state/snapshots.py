@@ -42,8 +42,11 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
                   | replica u8 [origin str16 | mode u8 | high_pos u64]
                   | u32 n | n x message
     message    := pos u64 | origin_pos u64
-                  | flags u8 (1 redelivered, 2 has properties, 4 body elided)
+                  | flags u8 (1 redelivered, 2 has properties, 4 body elided,
+                              8 has broker state)
                   | message_id str16 | [properties map]
+                  | [delivery_count u32 | annotations bytes32      (flag 8 set)
+                     | u32 n | n x (session u64 | consumer u32)]
                   | body bytes32                    (flag 4 clear)
                   | body_len u32 | body_crc32 u32   (flag 4 set: a delta transfer)
     session    := id u64 | u32 n | n x (queue str16 | u32 m | m x (pos u64 | consumer u32))
@@ -60,6 +63,13 @@ body by (queue, position) and checks both (:class:`ElidedBodyMismatch`
 otherwise).  Version 3 added the flag and the whole-site recoveries; a version 2
 snapshot (a journal's checkpoint written by an earlier release) reads as it
 always did, as a site that had no recovery.
+
+*Broker state of a message.*  Version 4 added flag 8: the delivery count the
+brokers added, the annotations of ``modified`` outcomes (an encoded AMQP
+map) and the links that called the message undeliverable-here.  A message
+with none of them but a delivery count of 1 is written with flag 1 alone, as
+versions 2 and 3 wrote a redelivered message (and read it back so: flag 1
+is a delivery count of 1).
 
 Every collection is written in its insertion order, which is the same on
 every member (the state machine never iterates unordered sets), so the
@@ -96,9 +106,10 @@ from protocol.values import Value, ValueMap, pack_value_map, unpack_value_map_un
 
 MAGIC = b"DRGS"
 # 3: whole-site recoveries and the elided-body flag (version 2 reads as a
-# site with no recovery and no elided body).
-SNAPSHOT_VERSION = 3
-_READABLE_VERSIONS = (2, SNAPSHOT_VERSION)
+# site with no recovery and no elided body).  4: a message's broker state
+# (flag 8; versions 2 and 3 read as messages without it).
+SNAPSHOT_VERSION = 4
+_READABLE_VERSIONS = (2, 3, SNAPSHOT_VERSION)
 
 _HEAD = struct.Struct(">4sHH")
 _U8 = struct.Struct(">B")
@@ -122,8 +133,12 @@ _ELIDED_BODY = struct.Struct(">II")
 _REDELIVERED = 1
 _HAS_PROPERTIES = 2
 _ELIDED = 4
-_KNOWN_FLAGS = _REDELIVERED | _HAS_PROPERTIES | _ELIDED
+_BROKER_STATE = 8
+_KNOWN_FLAGS = _REDELIVERED | _HAS_PROPERTIES | _ELIDED | _BROKER_STATE
+_KNOWN_FLAGS_V3 = _REDELIVERED | _HAS_PROPERTIES | _ELIDED
 _KNOWN_FLAGS_V2 = _REDELIVERED | _HAS_PROPERTIES
+#   session u64 | consumer u32   (a link that refused a message)
+_REFUSER = struct.Struct(">QI")
 
 
 # --------------------------------------------------------------------------
@@ -150,8 +165,9 @@ def _map(out: list[bytes], values: ValueMap) -> None:
 
 def _message(out: list[bytes], m: Message, body: bool = True, elide: bool = False) -> None:
     mid = m.message_id.encode("utf-8")
+    broker = bool(m.annotations or m.refused or m.delivery_count > 1)
     flags = (
-        (_REDELIVERED if m.redelivered else 0)
+        (_BROKER_STATE if broker else _REDELIVERED if m.delivery_count else 0)
         | (_HAS_PROPERTIES if m.properties is not None else 0)
         | (_ELIDED if elide else 0)
     )
@@ -159,6 +175,11 @@ def _message(out: list[bytes], m: Message, body: bool = True, elide: bool = Fals
     out.append(mid)
     if m.properties is not None:
         _map(out, m.properties)
+    if broker:
+        out.append(_U32.pack(m.delivery_count))
+        _bytes32(out, m.annotations)
+        out.append(_U32.pack(len(m.refused)))
+        out.extend(_REFUSER.pack(*link) for link in m.refused)
     if elide:
         out.append(_ELIDED_BODY.pack(len(m.body), zlib.crc32(m.body)))
     elif body:
@@ -333,6 +354,28 @@ def _snapshot(
         raise LocalProtocolError(f"cannot snapshot: {exc}") from exc
 
 
+def _broker_state(
+    data: bytes, off: int, queue: str
+) -> tuple[int, bytes, tuple[tuple[int, int], ...], int]:
+    """A message's broker state (flag 8) at ``off``: (delivery count,
+    annotations, refusing links, the offset after it)."""
+    if off + 8 > len(data):
+        raise RemoteProtocolError(f"truncated snapshot: queue {queue!r} is cut short")
+    (count,) = _U32.unpack_from(data, off)
+    (size,) = _U32.unpack_from(data, off + 4)
+    off += 8
+    annotations = bytes(data[off : off + size])
+    off += size
+    if off + 4 > len(data):
+        raise RemoteProtocolError(f"truncated snapshot: queue {queue!r} is cut short")
+    (n,) = _U32.unpack_from(data, off)
+    off += 4
+    if off + n * _REFUSER.size > len(data):
+        raise RemoteProtocolError(f"truncated snapshot: queue {queue!r} is cut short")
+    refused = tuple(_REFUSER.unpack_from(data, off + i * _REFUSER.size) for i in range(n))
+    return count, annotations, refused, off + n * _REFUSER.size
+
+
 def digest(state: SiteState) -> str:
     """sha256 (hex) of the snapshot: equal digests mean equal states."""
     return hashlib.sha256(snapshot(state)).hexdigest()
@@ -483,7 +526,7 @@ def _restore(r: _Reader, bodies: SiteState | None) -> SiteState:
         )
     if reserved:
         raise RemoteProtocolError(f"snapshot reserved field is {reserved:#x}, not 0")
-    known_flags = _KNOWN_FLAGS if version >= 3 else _KNOWN_FLAGS_V2
+    known_flags = {2: _KNOWN_FLAGS_V2, 3: _KNOWN_FLAGS_V3}.get(version, _KNOWN_FLAGS)
     st = SiteState()
     st.cluster = r.str16()
     st.incarnation = r.u64()
@@ -566,6 +609,11 @@ def _restore(r: _Reader, bodies: SiteState | None) -> SiteState:
             props = None
             if flags & _HAS_PROPERTIES:
                 props, off = unpack_map(data, off)
+            count = flags & _REDELIVERED
+            annotations = b""
+            refused: tuple[tuple[int, int], ...] = ()
+            if flags & _BROKER_STATE:
+                count, annotations, refused, off = _broker_state(data, off, name)
             if flags & _ELIDED:
                 body_len, crc = _ELIDED_BODY.unpack_from(data, off)
                 off += _ELIDED_BODY.size
@@ -580,7 +628,7 @@ def _restore(r: _Reader, bodies: SiteState | None) -> SiteState:
             if pos <= last:
                 raise RemoteProtocolError(f"snapshot queue {name!r}: positions out of order")
             last = pos
-            messages[pos] = Message(pos, body, mid, props, bool(flags & _REDELIVERED), origin_pos)
+            messages[pos] = Message(pos, body, mid, props, count, origin_pos, annotations, refused)
             total += body_len
         r.off = off
         if next_pos <= last:

@@ -422,3 +422,35 @@ def test_delivered_carries_message_fields() -> None:
     assert eff == [Delivered("q", SB, 4, messages(st, "q")[0])]
     m = eff[0].message  # type: ignore[union-attr]
     assert (m.body, m.message_id, m.properties) == (b"body", "mid-1", {"subject": "s", "n": 3})
+
+
+def test_modify_counts_failed_deliveries_keeps_the_message_from_the_refusing_link() -> None:
+    st = site("q")
+    publish(st, "q", b"1", b"2")
+    apply(st, pc.Acquire("q", SA, consumer=7, count=1))
+    eff = apply(st, pc.Modify("q", SA, 7, (1,), delivery_failed=True, undeliverable_here=True))
+    assert eff == [Released("q", SA, (1,), "release")]
+    # Consumer 7 of SA passes over pos 1; consumer 8 of the same session does not.
+    assert [e.message.pos for e in apply(st, pc.Acquire("q", SA, consumer=7, count=5))] == [2]  # type: ignore[union-attr]
+    assert [e.message.pos for e in apply(st, pc.Acquire("q", SA, consumer=8, count=5))] == [1]  # type: ignore[union-attr]
+    apply(st, pc.Modify("q", SA, 8, (1,), delivery_failed=True))
+    apply(st, pc.Release("q", SA, (2,), redelivered=True))
+    assert [(m.pos, m.delivery_count, m.refused) for m in messages(st, "q")] == [
+        (1, 2, ((SA, 7),)),
+        (2, 1, ()),
+    ]
+
+
+def test_modify_merges_its_annotations_over_earlier_ones() -> None:
+    st = site("q")
+    publish(st, "q", b"1")
+    apply(st, pc.Acquire("q", SA, consumer=1, count=1))
+    apply(st, pc.Modify("q", SA, 1, (1,), annotations=b"\xc1\x06\x02\xa3\x01a\x52\x01"))
+    apply(st, pc.Acquire("q", SA, consumer=1, count=1))
+    apply(st, pc.Modify("q", SA, 1, (1,), annotations=b"\xc1\x06\x02\xa3\x01a\x52\x02"))
+    (msg,) = messages(st, "q")
+    assert (msg.delivery_count, msg.annotations) == (0, b"\xc1\x06\x02\xa3\x01a\x52\x02")
+    # Damaged annotations change nothing, at every member alike.
+    apply(st, pc.Acquire("q", SA, consumer=1, count=1))
+    apply(st, pc.Modify("q", SA, 1, (1,), annotations=b"\xc1\x09"))
+    assert messages(st, "q")[0].annotations == b"\xc1\x06\x02\xa3\x01a\x52\x02"

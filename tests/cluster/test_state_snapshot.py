@@ -35,6 +35,10 @@ from protocol.errors import RemoteProtocolError
 from protocol.modes import Mode, Role
 from tests.support.state import Member, genesis_state
 
+# Encoded AMQP maps, as a modified outcome's annotations: {a: 1}, {b: "x"}.
+ANNOTATION_A = b"\xc1\x06\x02\xa3\x01a\x52\x01"
+ANNOTATION_B = b"\xc1\x07\x02\xa3\x01b\xa1\x01x"
+
 MEMBERS = (Member(1, 11), Member(2, 22), Member(3, 33))
 QUEUES = ("q0", "q1", "q2")
 EXCHANGES = ("", "amq.direct", "amq.fanout", "amq.topic", "x0")
@@ -76,6 +80,16 @@ local_command = st.one_of(
     st.builds(pc.Acquire, queue, session, st.integers(0, 2), st.integers(0, 4)),
     st.builds(pc.Accept, queue, session, positions),
     st.builds(pc.Release, queue, session, positions, st.booleans()),
+    st.builds(
+        pc.Modify,
+        queue,
+        session,
+        st.integers(0, 2),
+        positions,
+        st.booleans(),
+        st.booleans(),
+        st.sampled_from([b"", ANNOTATION_A, ANNOTATION_B]),
+    ),
     st.builds(pc.Purge, queue),
     st.builds(pc.SessionOpen, session),
     st.builds(pc.SessionClose, session),
@@ -134,6 +148,16 @@ hot_command = st.one_of(
     ),
     st.builds(pc.Accept, queue, base_session, small_positions),
     st.builds(pc.Release, queue, base_session, small_positions, st.booleans()),
+    st.builds(
+        pc.Modify,
+        queue,
+        base_session,
+        st.integers(0, 2),
+        small_positions,
+        st.booleans(),
+        st.booleans(),
+        st.sampled_from([b"", ANNOTATION_A]),
+    ),
 )
 
 step = st.one_of(
@@ -301,13 +325,30 @@ def test_snapshot_keeps_the_whole_site_recoveries() -> None:
 
 def test_a_snapshot_of_version_2_restores_as_a_site_without_recoveries() -> None:
     s = busy_state()
-    v3 = snapshot(s)
+    v4 = snapshot(s)
     # Version 2 ends with the recovery candidates: no recovery records.
-    assert v3[4:6] == b"\x00\x03" and v3.endswith(b"\x00\x00\x00\x00")
-    v2 = v3[:4] + b"\x00\x02" + v3[6:-4]
+    assert v4[4:6] == b"\x00\x04" and v4.endswith(b"\x00\x00\x00\x00")
+    v2 = v4[:4] + b"\x00\x02" + v4[6:-4]
     r = restore_untrusted(v2)
     assert r.recoveries == []
-    assert snapshot(r) == v3
+    assert snapshot(r) == v4
+    # A version 3 snapshot: a redelivered message (flag 1) has a count of 1.
+    r = restore_untrusted(v4[:4] + b"\x00\x03" + v4[6:])
+    assert [m.delivery_count for m in messages(r, "local")] == [1, 0, 0, 0, 0]
+
+
+def test_a_snapshot_keeps_what_modified_outcomes_left() -> None:
+    s = busy_state()
+    sid = session_id(1, 11, 1)
+    apply(s, pc.Modify("local", sid, 3, (2,), True, True, ANNOTATION_A))
+    apply(s, pc.Acquire("local", sid, 3, 1))
+    apply(s, pc.Modify("local", sid, 3, (1,), True, False, ANNOTATION_B))
+    held = {m.pos: m for m in messages(s, "local")}
+    assert (held[1].delivery_count, held[2].delivery_count) == (2, 1)
+    assert held[2].refused == ((sid, 3),)
+    r = restore_untrusted(snapshot(s))
+    assert messages(r, "local") == messages(s, "local")
+    assert snapshot(r) == snapshot(s)
 
 
 def test_digest_changes_with_state() -> None:

@@ -87,7 +87,7 @@ _LOCAL = b"\x00" * 7 + b"\x06" + b"\x00" + b"\x00\x00\x00\x05"
         (lambda b: b[:6] + b"\x00\x01" + b[8:], "reserved field"),
         (lambda b: _patched(b, b"amq.topic\x02\x01", b"\x05", 10), "predeclared flag is 5"),
         (lambda b: _patched(b, _LOCAL, b"\x02", 8), "replica flag is 2"),
-        (lambda b: _patched(b, _LOCAL, b"\x08", 13 + 16), "message flags 0x8"),
+        (lambda b: _patched(b, _LOCAL, b"\x10", 13 + 16), "message flags 0x10"),
         (lambda b: _patched(b, b"\x00\x01t\x01\x01", b"\x02", 4), "bool byte 2"),
     ],
     ids=["reserved", "predeclared", "replica", "message-flags", "map-bool"],

@@ -50,6 +50,7 @@ simple_commands = st.one_of(
     st.builds(c.Acquire, names, u64, u32, u32),
     st.builds(c.Accept, names, u64, positions),
     st.builds(c.Release, names, u64, positions, st.booleans()),
+    st.builds(c.Modify, names, u64, u32, positions, st.booleans(), st.booleans(), bodies),
     st.builds(c.Purge, names),
     st.builds(c.SessionOpen, u64),
     st.builds(c.SessionClose, u64),
@@ -131,6 +132,9 @@ SAMPLES: dict[str, c.Command] = {
     "acquire": c.Acquire("orders", 0x0000010000020001, 3, 10),
     "accept": c.Accept("orders", 0x0000010000020001, (1, 2, 5)),
     "release": c.Release("orders", 0x0000010000020001, (3,), True),
+    "modify": c.Modify(
+        "orders", 0x0000010000020001, 7, (3, 4), True, True, b"\xc1\x06\x02\xa3\x01a\x52\x02"
+    ),
     "purge": c.Purge("orders"),
     "session_open": c.SessionOpen(0x0000010000020001),
     "session_close": c.SessionClose(0x0000010000020001),
