@@ -250,7 +250,9 @@ class OutgoingLink(_LinkBase):
         super().__init__(conn, pn, pn.remote_source)
         self._sender = pn
         self.filter: dict[str, Any] = str_keys(data_to_py(pn.remote_source.filter))
-        self.distribution_mode: int = pn.remote_source.distribution_mode
+        # The client asked to browse (distribution-mode copy): to see the
+        # messages without taking them.
+        self.browse: bool = pn.remote_source.distribution_mode == Terminus.DIST_MODE_COPY
         # The client asked for pre-settled (at-most-once) delivery.
         self.presettled: bool = pn.remote_snd_settle_mode == Link.SND_SETTLED
         self._tags = itertools.count(1)
@@ -271,6 +273,13 @@ class OutgoingLink(_LinkBase):
         """Name the node of a dynamic source (call in ``on_sender_link``)."""
         self.address = address
         self._pn.source.address = address
+
+    def answer_browse(self, browse: bool) -> None:
+        """Answer the attach with the distribution mode in force: ``copy``
+        when the node browses, else ``move`` (call in ``on_sender_link``)."""
+        self._pn.source.distribution_mode = (
+            Terminus.DIST_MODE_COPY if browse else Terminus.DIST_MODE_MOVE
+        )
 
     def unsettled_tokens(self) -> list[object]:
         """Tokens sent and not yet settled by the client, in send order."""

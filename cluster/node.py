@@ -123,6 +123,11 @@ class _Consumer:
     id: int
     acquiring: int = 0  # requested in Acquire commands not yet applied
     unsettled: dict[int, int] = field(default_factory=dict)  # pos -> pos
+    # A browser (distribution-mode copy) is sent every message without
+    # acquiring it, in position order: ``cursor`` is the last position it
+    # went past.  It changes no state, so it is this node's alone.
+    browse: bool = False
+    cursor: int = 0
 
 
 def _encoded(msg: Any) -> bytes:
@@ -367,6 +372,9 @@ class BrokerNode(NullObserver):
                 self._request(consumer)
 
     def _request(self, consumer: _Consumer) -> None:
+        if consumer.browse:
+            self._browse(consumer)
+            return
         want = consumer.link.credit - consumer.acquiring
         if want <= 0 or consumer.link.closed or not self.quorate():
             return
@@ -375,6 +383,20 @@ class BrokerNode(NullObserver):
         want = min(want, available(self.member.state, consumer.queue))
         consumer.acquiring += want
         self.member.post(pc.Acquire(consumer.queue, consumer.session, consumer.id, want))
+
+    def _browse(self, consumer: _Consumer) -> None:
+        """Send a browser the next messages of its queue, as far as its
+        credit goes, acquiring none (docs/broker.md, "Browsing")."""
+        credit = consumer.link.credit
+        q = self.member.state.queues.get(consumer.queue)
+        if credit <= 0 or q is None or consumer.link.closed or not self.quorate():
+            return
+        messages, consumer.cursor = q.browse(consumer.cursor, credit)
+        for msg in messages:
+            try:
+                consumer.link.send_encoded_nowait(_encoded(msg), msg.pos)
+            except (trio.WouldBlock, DrgateError):
+                return  # the client left: nothing to give back
 
     # ------------------------------------------------------------------
     # AMQP handler
@@ -480,7 +502,8 @@ class BrokerNode(NullObserver):
         session, new = self._session_for(link.connection)
         if new:
             await self.member.submit(pc.SessionOpen(session))
-        consumer = _Consumer(link, address, session, next(self._consumer_ids))
+        link.answer_browse(link.browse)
+        consumer = _Consumer(link, address, session, next(self._consumer_ids), browse=link.browse)
         self._consumers[link] = consumer
         self._by_consumer_id[consumer.id] = consumer
 
@@ -569,8 +592,8 @@ class BrokerNode(NullObserver):
         self, link: OutgoingLink, outcomes: Sequence[tuple[object, Outcome]]
     ) -> None:
         consumer = self._consumers.get(link)
-        if consumer is None:
-            return
+        if consumer is None or consumer.browse:
+            return  # a browser's outcomes change nothing: it acquired nothing
         # One command per run of settlements of one kind, in order: a
         # consumer's window of accepts is one Accept on the bus.
         run: list[int] = []

@@ -10,7 +10,7 @@ snapshot round trip.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from cluster.state.effects import Message
@@ -206,6 +206,28 @@ class Queue:
 
     def available_count(self) -> int:
         return len(self.messages) - len(self.acquired)
+
+    def browse(
+        self, after: int, count: int, match: Callable[[Message], bool] | None = None
+    ) -> tuple[list[Message], int]:
+        """Up to ``count`` messages above position ``after``, lowest first,
+        acquired or not (what a browsing consumer sees; nothing changes), and
+        the position to continue after.  With ``match``, only those it
+        accepts (the others are passed over for good)."""
+        out: list[Message] = []
+        messages = self.messages
+        if messages:
+            # ``messages`` is in position order: skip at once what was
+            # removed below the first one held.
+            after = max(after, next(iter(messages)) - 1)
+        for pos in range(after + 1, self.next_pos):
+            if len(out) >= count:
+                break
+            msg = messages.get(pos)
+            after = pos
+            if msg is not None and (match is None or match(msg)):
+                out.append(msg)
+        return out, after
 
 
 # --------------------------------------------------------------------------

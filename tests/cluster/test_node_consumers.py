@@ -6,8 +6,18 @@ worker thread (the helpers of tests/cluster/test_node_durability.py)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import trio
+from proton import Disposition, Message, Terminus, Timeout
+from proton.reactor import Copy
+
+from cluster.addresses import Address
+from cluster.bus import BusConfig
+from cluster.node import BrokerConfig, BrokerNode
 from tests.cluster.test_node_durability import (
     TIMEOUT_S,
     connect,
@@ -15,7 +25,9 @@ from tests.cluster.test_node_durability import (
     in_thread,
     journaled_broker,
     send,
+    wait_for,
 )
+from tests.support.membus import MemoryBus, open_memory_member
 
 
 async def test_a_message_sent_to_a_consumer_that_leaves_unsettled_comes_back_marked_redelivered(
@@ -41,3 +53,130 @@ async def test_a_message_sent_to_a_consumer_that_leaves_unsettled_comes_back_mar
 
         assert await in_thread(lambda: receive(accept=False)) == ("m", 0)
         assert await in_thread(lambda: receive(accept=True)) == ("m", 1)
+
+
+# ----------------------------------------------------------------------
+# Browsing (distribution-mode copy): issue 24
+# ----------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def memory_broker() -> AsyncIterator[tuple[BrokerNode, int]]:
+    """A one-node site on the in-memory bus, without a journal."""
+    config = BrokerConfig(
+        cluster="site-p",
+        node=1,
+        bus=BusConfig(backend="embedded", group="site-p", node=1),
+        amqp=Address("127.0.0.1", 0),
+    )
+    node = BrokerNode(config, open_member=open_memory_member(MemoryBus()))
+    with trio.fail_after(TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            port: int = await nursery.start(node.serve)
+            yield node, port
+            nursery.cancel_scope.cancel()
+
+
+def publish(port: int, queue: str, *messages: Message) -> None:
+    conn = connect(port)
+    try:
+        sender = conn.create_sender(queue)
+        for message in messages:
+            assert sender.send(message, error_states=[]).remote_state == Disposition.ACCEPTED
+    finally:
+        conn.close()
+
+
+def take(port: int, queue: str, count: int, *options: Any) -> tuple[list[Any], int]:
+    """Receive ``count`` bodies from ``queue`` and accept each; also the
+    distribution mode the broker's attach answered with."""
+    conn = connect(port)
+    try:
+        receiver = conn.create_receiver(queue, credit=count, options=list(options) or None)
+        bodies = []
+        for _ in range(count):
+            bodies.append(receiver.receive(timeout=TIMEOUT_S).body)
+            receiver.accept()
+        return bodies, receiver.link.remote_source.distribution_mode
+    finally:
+        conn.close()
+
+
+def nothing_more(port: int, queue: str, *options: Any) -> bool:
+    """True when a receiver on ``queue`` gets nothing within a short wait
+    (the broker had the message to give at once, if any)."""
+    conn = connect(port)
+    try:
+        receiver = conn.create_receiver(queue, credit=1, options=list(options) or None)
+        try:
+            receiver.receive(timeout=0.5)
+        except Timeout:
+            return True
+        return False
+    finally:
+        conn.close()
+
+
+def depth(node: BrokerNode, queue: str) -> tuple[int, int]:
+    q = node.member.state.queues[queue]
+    return q.depth, len(q.acquired)
+
+
+async def test_a_browsing_receiver_sees_every_message_and_takes_none() -> None:
+    async with memory_broker() as (node, port):
+        await in_thread(lambda: declare(port, "q"))
+        await in_thread(lambda: publish(port, "q", *(Message(body=f"m{i}") for i in range(3))))
+
+        bodies, mode = await in_thread(lambda: take(port, "q", 3, Copy()))
+        assert (bodies, mode) == (["m0", "m1", "m2"], Terminus.DIST_MODE_COPY)
+        # Accepting a browsed message changes nothing in the queue.
+        await wait_for(lambda: depth(node, "q") == (3, 0))
+        assert await in_thread(lambda: nothing_more(port, "q", Copy())) is False
+
+        bodies, mode = await in_thread(lambda: take(port, "q", 3))
+        assert (bodies, mode) == (["m0", "m1", "m2"], Terminus.DIST_MODE_MOVE)
+        await wait_for(lambda: depth(node, "q") == (0, 0))
+
+
+async def test_a_browser_sees_messages_published_after_it_attached_and_each_once() -> None:
+    async with memory_broker() as (node, port):
+        await in_thread(lambda: declare(port, "q"))
+        await in_thread(lambda: publish(port, "q", Message(body="before")))
+
+        def browse_while_publishing() -> list[Any]:
+            conn = connect(port)
+            try:
+                receiver = conn.create_receiver("q", credit=10, options=Copy())
+                seen = [receiver.receive(timeout=TIMEOUT_S).body]
+                receiver.accept()
+                publish(port, "q", Message(body="after"))
+                seen.append(receiver.receive(timeout=TIMEOUT_S).body)
+                receiver.accept()
+                with contextlib.suppress(Timeout):
+                    seen.append(receiver.receive(timeout=0.5).body)
+                return seen
+            finally:
+                conn.close()
+
+        assert await in_thread(browse_while_publishing) == ["before", "after"]
+        await wait_for(lambda: depth(node, "q") == (2, 0))
+
+
+async def test_a_browser_sees_messages_another_consumer_holds_unsettled() -> None:
+    async with memory_broker() as (node, port):
+        await in_thread(lambda: declare(port, "q"))
+        await in_thread(lambda: publish(port, "q", Message(body="m")))
+
+        def hold_then_browse() -> tuple[Any, Any]:
+            conn = connect(port)
+            try:
+                holder = conn.create_receiver("q", credit=1)
+                held = holder.receive(timeout=TIMEOUT_S).body
+                browsed, _ = take(port, "q", 1, Copy())
+                return held, browsed
+            finally:
+                conn.close()
+
+        assert await in_thread(hold_then_browse) == ("m", ["m"])
+        # The holder left without settling: the message is back, untouched.
+        await wait_for(lambda: depth(node, "q") == (1, 0))
