@@ -32,7 +32,7 @@ import functools
 import itertools
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,12 +54,15 @@ from cluster.amqp import (
 )
 from cluster.amqpauth import AmqpSecurity, Principal
 from cluster.amqpserver import serve_amqp
+from cluster.amqpvalues import FilterRefusal, selector_filter
 from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
 from cluster.durability import JournalSettings, NodeJournal
 from cluster.member import FORCE_HINT, BusOpener, NullObserver, SiteMember
+from cluster.selector import SelectorError
 from cluster.state.machine import PROMOTE_HINT
 from cluster.state.model import SiteState
 from cluster.state.persistence import publish_persistent
+from cluster.state.selection import matcher
 from cluster.statistics import BusSection, DonationSection, JournalSection, NodeStatistics
 from cluster.tls import TlsFiles, server_context
 from cluster.webconfig import WebConfig
@@ -128,6 +131,11 @@ class _Consumer:
     # went past.  It changes no state, so it is this node's alone.
     browse: bool = False
     cursor: int = 0
+    # The JMS selector of its source filter ("" when none) and the messages
+    # it selects.  Every Acquire of the consumer carries the text, so that
+    # every member acquires the same messages (AcquireMatching).
+    selector: str = ""
+    match: Callable[[Any], bool] | None = None
 
 
 def _encoded(msg: Any) -> bytes:
@@ -219,7 +227,7 @@ class BrokerNode(NullObserver):
     ) -> None:
         if self.durability is not None:
             self.durability.after_command(cmd)
-        if own and isinstance(cmd, pc.Acquire):
+        if own and isinstance(cmd, pc.Acquire | pc.AcquireMatching):
             consumer = self._by_consumer_id.get(cmd.consumer)
             if consumer is not None:
                 consumer.acquiring = max(0, consumer.acquiring - cmd.count)
@@ -381,6 +389,19 @@ class BrokerNode(NullObserver):
         if available(self.member.state, consumer.queue) <= 0:
             return
         want = min(want, available(self.member.state, consumer.queue))
+        if consumer.match is not None:
+            # Ask only for what this node's copy of the state says is there:
+            # no bus traffic for a queue of messages the selector passes over.
+            want = self.member.state.queues[consumer.queue].count_available(want, consumer.match)
+            if want <= 0:
+                return
+            consumer.acquiring += want
+            self.member.post(
+                pc.AcquireMatching(
+                    consumer.queue, consumer.session, consumer.id, want, consumer.selector
+                )
+            )
+            return
         consumer.acquiring += want
         self.member.post(pc.Acquire(consumer.queue, consumer.session, consumer.id, want))
 
@@ -391,7 +412,7 @@ class BrokerNode(NullObserver):
         q = self.member.state.queues.get(consumer.queue)
         if credit <= 0 or q is None or consumer.link.closed or not self.quorate():
             return
-        messages, consumer.cursor = q.browse(consumer.cursor, credit)
+        messages, consumer.cursor = q.browse(consumer.cursor, credit, consumer.match)
         for msg in messages:
             try:
                 consumer.link.send_encoded_nowait(_encoded(msg), msg.pos)
@@ -488,6 +509,9 @@ class BrokerNode(NullObserver):
         if not self.quorate():
             link.close(MINORITY_CONDITION, self.minority_refusal())
             return
+        selector = self._selector(link, address)
+        if selector is None:
+            return
         if not address or not await self._ensure_queue(link, address):
             if not address:
                 link.close("amqp:invalid-field", "a receiving link must name a queue")
@@ -503,9 +527,34 @@ class BrokerNode(NullObserver):
         if new:
             await self.member.submit(pc.SessionOpen(session))
         link.answer_browse(link.browse)
-        consumer = _Consumer(link, address, session, next(self._consumer_ids), browse=link.browse)
+        consumer = _Consumer(
+            link,
+            address,
+            session,
+            next(self._consumer_ids),
+            browse=link.browse,
+            selector=selector,
+            match=matcher(selector) if selector else None,
+        )
         self._consumers[link] = consumer
         self._by_consumer_id[consumer.id] = consumer
+
+    def _selector(self, link: OutgoingLink, address: str) -> str | None:
+        """The JMS selector of ``link``'s source ("" for none; the attach
+        echoes it, as it is applied), or ``None`` after refusing the link: a
+        filter this broker does not apply, or a selector that does not parse
+        (docs/broker.md, "Selectors")."""
+        try:
+            text = (selector_filter(link.filter) or "").strip()
+            if text:
+                matcher(text)
+        except FilterRefusal as refusal:
+            link.close(refusal.condition, f"cannot consume from {address!r}: {refusal}")
+            return None
+        except SelectorError as exc:
+            link.close("amqp:invalid-field", f"cannot consume from {address!r}: {exc}")
+            return None
+        return text
 
     async def on_receiver_link(self, link: IncomingLink) -> None:
         address = link.address

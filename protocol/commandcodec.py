@@ -88,6 +88,7 @@ class Kind(enum.IntEnum):
     RECOVERY_CHUNK = 32
     FORCE_RECOVERY = 33
     JOIN_HAVE = 34
+    ACQUIRE_MATCHING = 35
 
 
 class ExchangeType(enum.IntEnum):

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from cluster.selector import SelectorError
 from cluster.state.effects import (
     CONDITIONS,
     Delivered,
@@ -62,12 +63,14 @@ from cluster.state.queues import (
 )
 from cluster.state.replica import replicated
 from cluster.state.resync import resync_apply, resync_commit, resync_stage
+from cluster.state.selection import matcher
 from protocol.cluster import (
     Accept,
     AcceptIncarnation,
     AcceptPrimary,
     AckWatermark,
     Acquire,
+    AcquireMatching,
     Bind,
     Command,
     Dequeue,
@@ -487,7 +490,9 @@ def _publish(state: SiteState, cmd: Publish, sender: Sender | None, eff: Effects
     eff.append(Settled(cmd.ref, sender, tuple(targets)))
 
 
-def _acquire(state: SiteState, cmd: Acquire, sender: Sender | None, eff: Effects) -> None:
+def _acquire(
+    state: SiteState, cmd: Acquire | AcquireMatching, sender: Sender | None, eff: Effects
+) -> None:
     q = state.queues.get(cmd.queue)
     if q is None:
         _refuse(
@@ -524,7 +529,23 @@ def _acquire(state: SiteState, cmd: Acquire, sender: Sender | None, eff: Effects
             session=cmd.session,
         )
         return
-    positions = q.take(cmd.count)
+    match = None
+    if isinstance(cmd, AcquireMatching):
+        try:
+            match = matcher(cmd.selector)
+        except SelectorError as exc:
+            # The broker checked it at attach: only a faulty member sends this.
+            _refuse(
+                state,
+                eff,
+                sender,
+                Reason.INVALID_ARGUMENT,
+                q.name,
+                f"cannot consume from queue {q.name!r}: {exc}",
+                session=cmd.session,
+            )
+            return
+    positions = q.take(cmd.count, match)
     if not positions:
         return
     held = s.acquired.setdefault(q.name, {})
@@ -811,6 +832,7 @@ _LOCAL: dict[type, Callable[[SiteState, Any, Sender | None, Effects], None]] = {
     Unbind: _unbind,
     Publish: _publish,
     Acquire: _acquire,
+    AcquireMatching: _acquire,
     Accept: _accept,
     Release: _release_cmd,
     Purge: _purge,

@@ -170,19 +170,39 @@ class Queue:
         heapq.heapify(self.available)
         self.next_pos = max(self.next_pos, msgs[-1].pos + 1)
 
-    def take(self, count: int) -> list[int]:
-        """Pop up to ``count`` available positions, lowest first."""
+    def take(self, count: int, match: Callable[[Message], bool] | None = None) -> list[int]:
+        """Pop up to ``count`` available positions, lowest first; with
+        ``match``, only of messages it accepts (the others stay available,
+        in their place)."""
         out: list[int] = []
+        passed: list[int] = []
         heap = self.available
         messages = self.messages
         acquired = self.acquired
         while heap and len(out) < count:
             pos = heapq.heappop(heap)
             if pos in messages and pos not in acquired:
-                out.append(pos)
+                if match is None or match(messages[pos]):
+                    out.append(pos)
+                else:
+                    passed.append(pos)
             else:
                 self.stale -= 1
+        for pos in passed:
+            heapq.heappush(heap, pos)
         return out
+
+    def count_available(self, limit: int, match: Callable[[Message], bool]) -> int:
+        """How many available messages ``match`` accepts, counting up to
+        ``limit`` (a read-only scan, lowest position first)."""
+        found = 0
+        acquired = self.acquired
+        for pos, msg in self.messages.items():
+            if found >= limit:
+                break
+            if pos not in acquired and match(msg):
+                found += 1
+        return found
 
     def make_available(self, pos: int) -> None:
         heapq.heappush(self.available, pos)

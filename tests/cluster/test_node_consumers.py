@@ -11,9 +11,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
-from proton import Disposition, Message, Terminus, Timeout
-from proton.reactor import Copy
+from proton import Described, Disposition, Message, Terminus, Timeout, symbol
+from proton.reactor import Copy, Filter, Selector
+from proton.utils import LinkDetached
 
 from cluster.addresses import Address
 from cluster.bus import BusConfig
@@ -179,4 +181,116 @@ async def test_a_browser_sees_messages_another_consumer_holds_unsettled() -> Non
 
         assert await in_thread(hold_then_browse) == ("m", ["m"])
         # The holder left without settling: the message is back, untouched.
+        await wait_for(lambda: depth(node, "q") == (1, 0))
+
+
+# ----------------------------------------------------------------------
+# JMS selectors (source filter): issue 24
+# ----------------------------------------------------------------------
+
+COLORS = ("red", "blue", "red", "green", "blue", "red")
+
+
+def colored(*colors: str) -> list[Message]:
+    return [Message(body=f"{c}-{i}", properties={"color": c}) for i, c in enumerate(colors)]
+
+
+def refusal(port: int, queue: str, *options: Any) -> str:
+    """The condition and description of the detach that refuses a
+    receiver's attach."""
+    conn = connect(port)
+    try:
+        with pytest.raises(LinkDetached) as refused:
+            conn.create_receiver(queue, options=list(options))
+        condition = refused.value.link.remote_condition
+        return f"{condition.name}: {condition.description}"
+    finally:
+        conn.close()
+
+
+async def test_a_selector_consumer_gets_only_matching_messages_and_leaves_the_others() -> None:
+    async with memory_broker() as (node, port):
+        await in_thread(lambda: declare(port, "q"))
+        await in_thread(lambda: publish(port, "q", *colored(*COLORS)))
+
+        def select() -> tuple[list[Any], Any]:
+            conn = connect(port)
+            try:
+                receiver = conn.create_receiver("q", credit=10, options=Selector("color = 'red'"))
+                bodies = []
+                for _ in range(3):
+                    bodies.append(receiver.receive(timeout=TIMEOUT_S).body)
+                    receiver.accept()
+                with contextlib.suppress(Timeout):
+                    bodies.append(receiver.receive(timeout=0.5).body)
+                answered = receiver.link.remote_source.filter
+                answered.rewind()
+                answered.next()
+                return bodies, answered.get_object()
+            finally:
+                conn.close()
+
+        bodies, answered = await in_thread(select)
+        assert bodies == ["red-0", "red-2", "red-5"]
+        # The attach answers with the filter: it is applied.
+        assert answered[symbol("selector")].value == "color = 'red'"
+        # The others stayed, in order, for a consumer without a selector.
+        assert await in_thread(lambda: take(port, "q", 3)) == (
+            ["blue-1", "green-3", "blue-4"],
+            Terminus.DIST_MODE_MOVE,
+        )
+        await wait_for(lambda: depth(node, "q") == (0, 0))
+
+
+async def test_a_selector_consumer_gets_a_matching_message_published_after_it_waited() -> None:
+    async with memory_broker() as (_node, port):
+        await in_thread(lambda: declare(port, "q"))
+        await in_thread(lambda: publish(port, "q", *colored("blue")))
+
+        def wait_then_receive() -> Any:
+            conn = connect(port)
+            try:
+                receiver = conn.create_receiver(
+                    "q", credit=1, options=Selector("color IN ('red', 'green')")
+                )
+                publish(port, "q", *colored("blue", "green"))
+                body = receiver.receive(timeout=TIMEOUT_S).body
+                receiver.accept()
+                return body
+            finally:
+                conn.close()
+
+        assert await in_thread(wait_then_receive) == "green-1"
+
+
+async def test_a_browser_with_a_selector_sees_only_matching_messages() -> None:
+    async with memory_broker() as (node, port):
+        await in_thread(lambda: declare(port, "q"))
+        await in_thread(lambda: publish(port, "q", *colored(*COLORS)))
+        bodies, _ = await in_thread(
+            lambda: take(port, "q", 2, Copy(), Selector("color <> 'red' AND color LIKE 'b%'"))
+        )
+        assert bodies == ["blue-1", "blue-4"]
+        await wait_for(lambda: depth(node, "q") == (6, 0))
+
+
+async def test_a_malformed_selector_is_refused_at_attach_naming_it_and_the_position() -> None:
+    async with memory_broker() as (_node, port):
+        await in_thread(lambda: declare(port, "q"))
+        text = await in_thread(lambda: refusal(port, "q", Selector("color = 'red' AND")))
+        assert "amqp:invalid-field" in text
+        assert "selector \"color = 'red' AND\": at position 18: expected a value" in text
+
+
+async def test_a_filter_the_broker_does_not_apply_is_refused_naming_it() -> None:
+    async with memory_broker() as (node, port):
+        await in_thread(lambda: declare(port, "q"))
+        await in_thread(lambda: publish(port, "q", *colored("red")))
+        no_local = Filter(
+            {symbol("no-local"): Described(symbol("apache.org:no-local-filter:list"), [])}
+        )
+        text = await in_thread(lambda: refusal(port, "q", no_local))
+        assert "amqp:not-implemented" in text
+        assert "source filter 'no-local' (descriptor 'apache.org:no-local-filter:list')" in text
+        assert "attach without it" in text
         await wait_for(lambda: depth(node, "q") == (1, 0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from proton import Message
 
 from cluster.state import (
     Delivered,
@@ -218,6 +219,56 @@ def test_queue_arguments_are_stored_as_given_and_redeclare_merges() -> None:
     assert queue_args(st, "q") == {**args, "qpid.replicate": "configuration"}
     assert len(eff) == 1
     assert eff[0].created is False  # type: ignore[union-attr]
+
+
+def publish_with(st: SiteState, queue: str, **properties: Value) -> None:
+    ref = st.cseq + 1
+    body = Message(body=f"m{ref}", properties=properties, priority=7).encode()
+    eff = apply(st, pc.Publish("", queue, body, f"id-{ref}", properties, ref), sender=A)
+    assert isinstance(eff[-1], Settled), eff
+
+
+def test_acquire_matching_takes_only_what_the_selector_selects_and_leaves_the_rest() -> None:
+    st = site("q")
+    for color in ("blue", "red", "blue", "red"):
+        publish_with(st, "q", color=color)
+    publish_with(st, "q")  # no color: NULL, selected by neither
+    eff = apply(st, pc.AcquireMatching("q", SA, 7, 5, "color = 'red'"))
+    assert [(e.consumer, e.message.properties) for e in eff] == [  # type: ignore[union-attr]
+        (7, {"color": "red"}),
+        (7, {"color": "red"}),
+    ]
+    # The blue ones and the one without a color stay, in order, for others.
+    eff = apply(st, pc.Acquire("q", SB, 1, 5))
+    assert [e.message.properties for e in eff] == [{"color": "blue"}, {"color": "blue"}, None]  # type: ignore[union-attr]
+    # Released, a red one is selected again, in its place.
+    apply(st, pc.Release("q", SA, (2,)))
+    eff = apply(st, pc.AcquireMatching("q", SA, 7, 5, "color IN ('red') AND JMSPriority = 7"))
+    assert [e.message.pos for e in eff] == [2]  # type: ignore[union-attr]
+    assert apply(st, pc.AcquireMatching("q", SA, 7, 5, "color = 'red'")) == []
+
+
+def test_acquire_matching_reads_jms_header_names() -> None:
+    st = site("q")
+    publish_with(st, "q", n=1)
+    publish_with(st, "q", n=2)
+    eff = apply(st, pc.AcquireMatching("q", SA, 1, 5, "JMSMessageID = 'id-2' AND n = 1"))
+    assert eff == []
+    eff = apply(st, pc.AcquireMatching("q", SA, 1, 5, "JMSMessageID LIKE 'id-%' AND n = 2"))
+    assert [e.message.message_id for e in eff] == [messages(st, "q")[1].message_id]  # type: ignore[union-attr]
+    eff = apply(st, pc.AcquireMatching("q", SA, 1, 5, "JMSDeliveryMode = 'NON_PERSISTENT'"))
+    assert len(eff) == 1
+
+
+def test_acquire_matching_with_a_malformed_selector_is_refused_at_every_member() -> None:
+    st = site("q")
+    publish(st, "q", b"1")
+    eff = apply(st, pc.AcquireMatching("q", SA, 1, 5, "color = "), sender=A)
+    assert [(e.reason, e.condition) for e in eff] == [  # type: ignore[union-attr]
+        (Reason.INVALID_ARGUMENT, "amqp:invalid-field")
+    ]
+    assert "selector 'color = ': at position 9" in eff[0].description  # type: ignore[union-attr]
+    assert [e.message.pos for e in apply(st, pc.Acquire("q", SB, 1, 5))] == [1]  # type: ignore[union-attr]
 
 
 def test_acquire_takes_first_available_in_fifo_order() -> None:

@@ -54,6 +54,12 @@ args = st.dictionaries(
 )
 body = st.binary(max_size=6)
 
+# Selectors of AcquireMatching: on the random publishes' properties, the
+# message id, and one that does not parse (refused the same way everywhere).
+selector_text = st.sampled_from(
+    ["a = 'x'", "a IS NULL", "JMSMessageID LIKE 'a%'", "NOT b > 1", "JMSPriority = 4", "a ="]
+)
+
 local_command = st.one_of(
     st.builds(pc.QueueDeclare, queue, args),
     st.builds(pc.QueueDelete, queue),
@@ -74,6 +80,9 @@ local_command = st.one_of(
     ),
     st.builds(pc.Publish, st.just(""), queue, body),
     st.builds(pc.Acquire, queue, session, st.integers(0, 2), st.integers(0, 4)),
+    st.builds(
+        pc.AcquireMatching, queue, session, st.integers(0, 2), st.integers(0, 4), selector_text
+    ),
     st.builds(pc.Accept, queue, session, positions),
     st.builds(pc.Release, queue, session, positions, st.booleans()),
     st.builds(pc.Purge, queue),
@@ -131,6 +140,14 @@ hot_command = st.one_of(
         base_session,
         st.integers(0, 2),
         st.integers(1, 3),
+    ),
+    st.builds(
+        pc.AcquireMatching,
+        st.sampled_from(["q0", "q2"]),
+        base_session,
+        st.integers(0, 2),
+        st.integers(1, 3),
+        selector_text,
     ),
     st.builds(pc.Accept, queue, base_session, small_positions),
     st.builds(pc.Release, queue, base_session, small_positions, st.booleans()),
