@@ -32,6 +32,7 @@ import functools
 import itertools
 import json
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +61,7 @@ from cluster.durability import JournalSettings, NodeJournal
 from cluster.member import FORCE_HINT, BusOpener, NullObserver, SiteMember
 from cluster.selector import SelectorError
 from cluster.state.machine import PROMOTE_HINT
-from cluster.state.model import SiteState
+from cluster.state.model import TEMPORARY_ARG, SiteState
 from cluster.state.persistence import publish_persistent
 from cluster.state.selection import matcher
 from cluster.statistics import BusSection, DonationSection, JournalSection, NodeStatistics
@@ -68,7 +69,7 @@ from cluster.tls import TlsFiles, server_context
 from cluster.webconfig import WebConfig
 from protocol import cluster as pc
 from protocol.errors import DrgateError
-from protocol.modes import Role
+from protocol.modes import REPLICATE_ARG, Role
 from protocol.values import Value
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,11 @@ DEFAULT_MAX_SITE_BYTES = 1024**3
 # How an encoded AMQP message begins: a described section (descriptor 0x00,
 # then a small or a full ulong code).
 _SECTION_STARTS = frozenset({b"\x00\x53", b"\x00\x80"})
+
+
+# Temporary queues (dynamic nodes) are named this and a UUID: unique in the
+# site without asking the others, and visibly the broker's.
+TEMPORARY_PREFIX = "$drgate.temp."
 
 
 # A broker built without a config file (tests) listens on loopback only.
@@ -186,6 +192,8 @@ class BrokerNode(NullObserver):
         self._by_consumer_id: dict[int, _Consumer] = {}
         self._consumer_ids = itertools.count(1)
         self._waiting_queues: set[str] = set()
+        # Links whose dynamic terminus is a temporary queue: link -> queue.
+        self._temporary: dict[OutgoingLink | IncomingLink, str] = {}
         self._admin_lock = trio.Lock()
         self._admin_refusals: list[Any] | None = None
         self._was_minority = False
@@ -439,6 +447,7 @@ class BrokerNode(NullObserver):
             return True
         if link.create_on_demand:
             args = {k: _plain(v) for k, v in link.declare_arguments().items()}
+            args.pop(TEMPORARY_ARG, None)  # only a dynamic node makes a temporary queue
             await self.member.submit_and_wait(pc.QueueDeclare(address, args))
             if has_queue(self.member.state, address):
                 return True
@@ -512,6 +521,10 @@ class BrokerNode(NullObserver):
         selector = self._selector(link, address)
         if selector is None:
             return
+        if link.dynamic:
+            address = await self._temporary_queue(link) or ""
+            if not address:
+                return
         if not address or not await self._ensure_queue(link, address):
             if not address:
                 link.close("amqp:invalid-field", "a receiving link must name a queue")
@@ -538,6 +551,31 @@ class BrokerNode(NullObserver):
         )
         self._consumers[link] = consumer
         self._by_consumer_id[consumer.id] = consumer
+
+    async def _temporary_queue(self, link: OutgoingLink | IncomingLink) -> str | None:
+        """Create the temporary queue of ``link``'s dynamic terminus and name
+        it in the attach; ``None`` after refusing the link.  The queue is
+        owned by the connection's session: the link's close deletes it, and
+        so does the session's end (the connection's, or its broker's, as
+        every member applies the SessionClose or the view change).  The
+        client's declare arguments are not used: a temporary queue is never
+        durable and never replicated (docs/broker.md, "Dynamic nodes")."""
+        session, new = self._session_for(link.connection)
+        if new:
+            await self.member.submit(pc.SessionOpen(session))
+        name = f"{TEMPORARY_PREFIX}{uuid.uuid4()}"
+        args: dict[str, Value] = {TEMPORARY_ARG: f"{session:#x}", REPLICATE_ARG: "none"}
+        await self.member.submit_and_wait(pc.QueueDeclare(name, args))
+        if not has_queue(self.member.state, name):
+            link.close(
+                "amqp:internal-error",
+                f"the temporary queue {name!r} for this dynamic node was not created at "
+                f"{self.config.cluster} node {self.config.node}; attach again",
+            )
+            return None
+        link.set_address(name)
+        self._temporary[link] = name
+        return name
 
     def _selector(self, link: OutgoingLink, address: str) -> str | None:
         """The JMS selector of ``link``'s source ("" for none; the attach
@@ -567,6 +605,10 @@ class BrokerNode(NullObserver):
         if not self.quorate():
             link.close(MINORITY_CONDITION, self.minority_refusal())
             return
+        if link.dynamic:
+            if await self._temporary_queue(link) is not None:
+                link.flow(PUBLISH_WINDOW)
+            return
         if address is not None:
             if not await self._ensure_queue(link, address):
                 return
@@ -590,7 +632,7 @@ class BrokerNode(NullObserver):
         principal = link.connection.principal
         body = message.encode()
         refusal = None
-        if not principal.may_publish(address):
+        if not principal.may_publish(address) and self._temporary.get(link) != address:
             refusal = Rejected(UNAUTHORIZED, self.unauthorized(principal, "publish", address))
         elif (too_much := self.memory_refusal(len(body))) is not None:
             refusal = Rejected(RESOURCE_LIMIT, too_much)
@@ -673,6 +715,14 @@ class BrokerNode(NullObserver):
             )
 
     async def on_link_closed(self, link: OutgoingLink | IncomingLink) -> None:
+        await self._link_closed(link)
+        temporary = self._temporary.pop(link, None)
+        if temporary is not None and has_queue(self.member.state, temporary):
+            # Its dynamic node goes with it (if the connection ends first,
+            # the SessionClose deletes it as well).
+            await self.member.submit(pc.QueueDelete(temporary))
+
+    async def _link_closed(self, link: OutgoingLink | IncomingLink) -> None:
         if isinstance(link, OutgoingLink):
             consumer = self._consumers.pop(link, None)
             if consumer is None:

@@ -50,6 +50,7 @@ from cluster.state.effects import (
 )
 from cluster.state.merge import origin_record, read_only_origin
 from cluster.state.model import (
+    TEMPORARY_ARG,
     Exchange,
     Queue,
     Session,
@@ -221,6 +222,32 @@ def _close_session(state: SiteState, s: Session, reason: str, eff: Effects) -> N
         if q is not None:
             _release(state, q, s, list(held), True, reason, eff)
     s.acquired.clear()
+    # Its temporary queues (dynamic nodes) go with it.  A scan of the
+    # queues: sessions close once per connection, not per message.
+    owner = f"{s.id:#x}"
+    for q in [q for q in state.queues.values() if q.args.get(TEMPORARY_ARG) == owner]:
+        delete_queue(state, q, eff)
+
+
+def _temporary_problem(state: SiteState, cmd: QueueDeclare, sender: Sender | None) -> str | None:
+    """Why ``cmd`` may not declare a temporary queue: it must be new, and
+    owned by an open session of its sender (whose closing deletes it)."""
+    if cmd.queue in state.queues:
+        return f"queue {cmd.queue!r} exists; a temporary queue must be a new one"
+    owner = cmd.args[TEMPORARY_ARG]
+    try:
+        session = int(str(owner), 16)
+    except ValueError:
+        return f"{TEMPORARY_ARG}={owner!r} is not a session id (0x...)"
+    if session not in state.sessions:
+        return f"its owner session {session:#x} is not open"
+    node, pid = session_owner(session)
+    if sender is not None and (node, pid) != (sender.node, sender.pid):
+        return (
+            f"its owner session {session:#x} belongs to member {node}.{pid}, "
+            f"not to the sender {sender.node}.{sender.pid}"
+        )
+    return None
 
 
 # --------------------------------------------------------------------------
@@ -232,6 +259,8 @@ def _queue_declare(
     state: SiteState, cmd: QueueDeclare, sender: Sender | None, eff: Effects
 ) -> None:
     problem = check_declare_args(cmd.args)
+    if problem is None and TEMPORARY_ARG in cmd.args:
+        problem = _temporary_problem(state, cmd, sender)
     if problem is not None:
         _refuse(
             state,

@@ -45,6 +45,12 @@ def session_id(node: int, pid: int, local: int) -> int:
     return (node << 40) | (pid << 16) | local
 
 
+# The queue argument that makes a queue temporary (an AMQP dynamic node):
+# the owning session, as ``0x...`` text.  The queue is deleted when that
+# session closes (its connection ends, or its member leaves the view).
+TEMPORARY_ARG = "drgate.temporary"
+
+
 def session_owner(session: int) -> tuple[int, int]:
     """``(node, pid)`` of the member that owns ``session``."""
     return session >> 40, (session >> 16) & ((1 << SESSION_PID_BITS) - 1)

@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 import trio
 from proton import Described, Disposition, Message, Terminus, Timeout, symbol
-from proton.reactor import Copy, Filter, Selector
+from proton.reactor import Copy, Filter, LinkOption, Selector
 from proton.utils import LinkDetached
 
 from cluster.addresses import Address
 from cluster.bus import BusConfig
 from cluster.node import BrokerConfig, BrokerNode
+from cluster.state.model import TEMPORARY_ARG
+from tests.cluster.test_amqp import RawClient
 from tests.cluster.test_node_durability import (
     TIMEOUT_S,
     connect,
@@ -294,3 +296,80 @@ async def test_a_filter_the_broker_does_not_apply_is_refused_naming_it() -> None
         assert "source filter 'no-local' (descriptor 'apache.org:no-local-filter:list')" in text
         assert "attach without it" in text
         await wait_for(lambda: depth(node, "q") == (1, 0))
+
+
+# ----------------------------------------------------------------------
+# Dynamic nodes: temporary queues (issue 24)
+# ----------------------------------------------------------------------
+
+
+class DynamicTarget(LinkOption):
+    """Ask for a dynamic target: the broker names a new node."""
+
+    def apply(self, link: Any) -> None:
+        link.target.dynamic = True
+
+
+def temporaries(node: BrokerNode) -> list[str]:
+    return [name for name, q in node.member.state.queues.items() if TEMPORARY_ARG in q.args]
+
+
+async def test_a_dynamic_source_is_a_temporary_queue_that_goes_with_its_link() -> None:
+    async with memory_broker() as (node, port):
+
+        def request_reply() -> tuple[str, Any]:
+            conn = connect(port)
+            try:
+                replies = conn.create_receiver(None, credit=1, dynamic=True)
+                address = replies.link.remote_source.address
+                publish(port, address, Message(body="the reply"))
+                body = replies.receive(timeout=TIMEOUT_S).body
+                replies.accept()
+                replies.close()
+                return address, body
+            finally:
+                conn.close()
+
+        address, body = await in_thread(request_reply)
+        assert address.startswith("$drgate.temp.")
+        assert body == "the reply"
+        await wait_for(lambda: temporaries(node) == [])
+        assert address not in node.member.state.queues
+
+
+async def test_a_dynamic_target_is_a_temporary_queue_that_goes_with_its_link() -> None:
+    async with memory_broker() as (node, port):
+
+        def send_then_read() -> tuple[str, list[str], Any]:
+            conn = connect(port)
+            try:
+                sender = conn.create_sender(None, options=DynamicTarget())
+                address = sender.link.remote_target.address
+                sender.send(Message(body="to the node"))
+                during = temporaries(node)
+                bodies, _ = take(port, address, 1)
+                sender.close()
+                return address, during, bodies
+            finally:
+                conn.close()
+
+        address, during, bodies = await in_thread(send_then_read)
+        assert address.startswith("$drgate.temp.")
+        assert (during, bodies) == ([address], ["to the node"])
+        await wait_for(lambda: temporaries(node) == [])
+
+
+async def test_a_temporary_queue_goes_when_its_client_vanishes() -> None:
+    async with memory_broker() as (node, port):
+        client = RawClient(await trio.open_tcp_stream("127.0.0.1", port))
+        client.conn.open()
+        session = client.conn.session()
+        session.open()
+        receiver = session.receiver("replies")
+        receiver.source.dynamic = True
+        receiver.open()
+        await client.pump_until(lambda: bool(receiver.remote_source.address))
+        address = receiver.remote_source.address
+        assert temporaries(node) == [address]
+        client.abort()  # no detach, no close: a TCP reset
+        await wait_for(lambda: temporaries(node) == [])

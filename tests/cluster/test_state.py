@@ -30,6 +30,7 @@ from cluster.state import (
     statistics,
     topic_matches,
 )
+from cluster.state.model import TEMPORARY_ARG
 from protocol import cluster as pc
 from protocol.modes import Role
 from protocol.values import Value
@@ -473,3 +474,54 @@ def test_delivered_carries_message_fields() -> None:
     assert eff == [Delivered("q", SB, 4, messages(st, "q")[0])]
     m = eff[0].message  # type: ignore[union-attr]
     assert (m.body, m.message_id, m.properties) == (b"body", "mid-1", {"subject": "s", "n": 3})
+
+
+# --------------------------------------------------------------------------
+# Temporary queues (dynamic nodes): issue 24
+# --------------------------------------------------------------------------
+
+
+def temporary(session: int) -> dict[str, Value]:
+    return {TEMPORARY_ARG: f"{session:#x}", "qpid.replicate": "none"}
+
+
+def test_a_temporary_queue_is_deleted_when_its_session_closes() -> None:
+    st = site("keep")
+    assert apply(st, pc.QueueDeclare("tmp-a", temporary(SA)), sender=A)[0].created  # type: ignore[union-attr]
+    apply(st, pc.QueueDeclare("tmp-b", temporary(SB)), sender=B)
+    publish(st, "tmp-a", b"reply")
+    apply(st, pc.Acquire("tmp-a", SB, 1, 1))  # another session holds its message
+    eff = apply(st, pc.SessionClose(SA), sender=A)
+    assert [e for e in eff if isinstance(e, QueueDeleted)] == [QueueDeleted("tmp-a", 1)]
+    assert sorted(st.queues) == ["keep", "tmp-b"]
+    assert session_holdings(st, SB) == {}
+    # Closing the session again deletes nothing more.
+    assert apply(st, pc.SessionClose(SA), sender=A) == []
+
+
+def test_a_temporary_queue_is_deleted_when_its_member_leaves_the_view() -> None:
+    st = site()
+    apply(st, pc.QueueDeclare("tmp-b", temporary(SB)), sender=B)
+    eff = members_left(st, [B])
+    assert QueueDeleted("tmp-b", 0) in eff
+    assert "tmp-b" not in st.queues
+
+
+def test_a_temporary_queue_needs_an_open_session_of_its_sender_and_a_new_name() -> None:
+    st = site("q")
+    closed = session_id(1, 100, 9)
+    for cmd, text in [
+        (pc.QueueDeclare("t", temporary(closed)), "session 0x10000640009 is not open"),
+        (pc.QueueDeclare("t", temporary(SB)), "belongs to member 2.200, not to the sender 1.100"),
+        (pc.QueueDeclare("t", {TEMPORARY_ARG: "x"}), "not a session id"),
+        (pc.QueueDeclare("q", temporary(SA)), "queue 'q' exists"),
+    ]:
+        (refused,) = apply(st, cmd, sender=A)
+        assert isinstance(refused, Refused), refused
+        assert (refused.reason, refused.condition) == (
+            Reason.INVALID_ARGUMENT,
+            "amqp:invalid-field",
+        )
+        assert text in refused.description
+    assert sorted(st.queues) == ["q"]
+    assert TEMPORARY_ARG not in st.queues["q"].args
