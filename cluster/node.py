@@ -142,6 +142,9 @@ class _Consumer:
     # every member acquires the same messages (AcquireMatching).
     selector: str = ""
     match: Callable[[Any], bool] | None = None
+    # Up to which position its queue holds nothing it selects, and the
+    # releases count at which that was found (a release may change it).
+    clear: tuple[int, int] = (0, 0)
 
 
 def _encoded(msg: Any) -> bytes:
@@ -192,6 +195,10 @@ class BrokerNode(NullObserver):
         self._by_consumer_id: dict[int, _Consumer] = {}
         self._consumer_ids = itertools.count(1)
         self._waiting_queues: set[str] = set()
+        # Releases seen, per queue, and restores of the state (selector
+        # consumers' scans start over after either; see _request).
+        self._releases: dict[str, int] = {}
+        self._restores = 0
         # Links whose dynamic terminus is a temporary queue: link -> queue.
         self._temporary: dict[OutgoingLink | IncomingLink, str] = {}
         self._admin_lock = trio.Lock()
@@ -247,6 +254,7 @@ class BrokerNode(NullObserver):
         self._acquire_for_waiting()
 
     def after_restore(self) -> None:
+        self._restores += 1
         if self.durability is not None:
             self.durability.after_restore()
 
@@ -335,7 +343,10 @@ class BrokerNode(NullObserver):
                     self._deliver(consumer, effect)
             elif isinstance(effect, st.Enqueued | st.Released):
                 self._waiting_queues.add(effect.queue)
+                if isinstance(effect, st.Released):
+                    self._releases[effect.queue] = self._releases.get(effect.queue, 0) + 1
             elif isinstance(effect, st.QueueDeleted):
+                self._releases.pop(effect.queue, None)
                 for consumer in list(self._consumers.values()):
                     if consumer.queue == effect.queue:
                         consumer.link.close(
@@ -399,8 +410,16 @@ class BrokerNode(NullObserver):
         want = min(want, available(self.member.state, consumer.queue))
         if consumer.match is not None:
             # Ask only for what this node's copy of the state says is there:
-            # no bus traffic for a queue of messages the selector passes over.
-            want = self.member.state.queues[consumer.queue].count_available(want, consumer.match)
+            # no bus traffic for a queue of messages the selector passes over,
+            # and each message looked at once until a release or a restore.
+            generation = self._restores + self._releases.get(consumer.queue, 0)
+            start, seen = consumer.clear
+            if seen != generation:
+                start = 0
+            want, clear = self.member.state.queues[consumer.queue].count_matching(
+                start, want, consumer.match
+            )
+            consumer.clear = (clear, generation)
             if want <= 0:
                 return
             consumer.acquiring += want

@@ -198,18 +198,6 @@ class Queue:
             heapq.heappush(heap, pos)
         return out
 
-    def count_available(self, limit: int, match: Callable[[Message], bool]) -> int:
-        """How many available messages ``match`` accepts, counting up to
-        ``limit`` (a read-only scan, lowest position first)."""
-        found = 0
-        acquired = self.acquired
-        for pos, msg in self.messages.items():
-            if found >= limit:
-                break
-            if pos not in acquired and match(msg):
-                found += 1
-        return found
-
     def make_available(self, pos: int) -> None:
         heapq.heappush(self.available, pos)
 
@@ -233,6 +221,20 @@ class Queue:
     def available_count(self) -> int:
         return len(self.messages) - len(self.acquired)
 
+    def held_after(self, after: int) -> Iterator[Message]:
+        """The messages above position ``after``, lowest first.  Costs the
+        positions walked, gaps included, except the gap below the first
+        message held (``messages`` is in position order), which is skipped
+        at once: a caller that remembers where it stopped pays each
+        position once."""
+        messages = self.messages
+        if messages:
+            after = max(after, next(iter(messages)) - 1)
+        for pos in range(after + 1, self.next_pos):
+            msg = messages.get(pos)
+            if msg is not None:
+                yield msg
+
     def browse(
         self, after: int, count: int, match: Callable[[Message], bool] | None = None
     ) -> tuple[list[Message], int]:
@@ -241,19 +243,37 @@ class Queue:
         the position to continue after.  With ``match``, only those it
         accepts (the others are passed over for good)."""
         out: list[Message] = []
-        messages = self.messages
-        if messages:
-            # ``messages`` is in position order: skip at once what was
-            # removed below the first one held.
-            after = max(after, next(iter(messages)) - 1)
-        for pos in range(after + 1, self.next_pos):
+        for msg in self.held_after(after):
             if len(out) >= count:
                 break
-            msg = messages.get(pos)
-            after = pos
-            if msg is not None and (match is None or match(msg)):
+            after = msg.pos
+            if match is None or match(msg):
                 out.append(msg)
+        if len(out) < count:
+            after = max(after, self.next_pos - 1)  # every position is walked
         return out, after
+
+    def count_matching(
+        self, after: int, limit: int, match: Callable[[Message], bool]
+    ) -> tuple[int, int]:
+        """How many available messages above position ``after`` ``match``
+        accepts, counting up to ``limit`` (read-only), and the position up to
+        which none is: every message at or below it is acquired or not
+        accepted, so a caller may start there next time, until a release
+        makes one available again."""
+        found = 0
+        clear = after
+        acquired = self.acquired
+        for msg in self.held_after(after):
+            if found >= limit:
+                break
+            if msg.pos not in acquired and match(msg):
+                found += 1
+            elif not found:
+                clear = msg.pos
+        if not found:
+            clear = max(clear, self.next_pos - 1)
+        return found, clear
 
 
 # --------------------------------------------------------------------------

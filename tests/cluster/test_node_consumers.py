@@ -265,6 +265,30 @@ async def test_a_selector_consumer_gets_a_matching_message_published_after_it_wa
         assert await in_thread(wait_then_receive) == "green-1"
 
 
+async def test_a_selector_consumer_gets_a_released_message_again_after_it_passed_over_it() -> None:
+    # While red-0 is held, blue-1 makes the consumer's broker look at the
+    # queue and find nothing to select up to blue-1; the release of red-0
+    # must make it look again.
+    async with memory_broker() as (_node, port):
+        await in_thread(lambda: declare(port, "q"))
+        await in_thread(lambda: publish(port, "q", *colored("red")))
+
+        def hold_release_receive() -> list[tuple[Any, int]]:
+            conn = connect(port)
+            try:
+                receiver = conn.create_receiver("q", credit=2, options=Selector("color = 'red'"))
+                first = receiver.receive(timeout=TIMEOUT_S)
+                publish(port, "q", Message(body="blue-1", properties={"color": "blue"}))
+                receiver.release(delivered=False)
+                again = receiver.receive(timeout=TIMEOUT_S)
+                receiver.accept()
+                return [(first.body, first.delivery_count), (again.body, again.delivery_count)]
+            finally:
+                conn.close()
+
+        assert await in_thread(hold_release_receive) == [("red-0", 0), ("red-0", 0)]
+
+
 async def test_a_browser_with_a_selector_sees_only_matching_messages() -> None:
     async with memory_broker() as (node, port):
         await in_thread(lambda: declare(port, "q"))

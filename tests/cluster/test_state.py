@@ -30,6 +30,7 @@ from cluster.state import (
     statistics,
     topic_matches,
 )
+from cluster.state.effects import Message as StoredMessage
 from cluster.state.model import TEMPORARY_ARG
 from protocol import cluster as pc
 from protocol.modes import Role
@@ -525,3 +526,28 @@ def test_a_temporary_queue_needs_an_open_session_of_its_sender_and_a_new_name() 
         assert text in refused.description
     assert sorted(st.queues) == ["q"]
     assert TEMPORARY_ARG not in st.queues["q"].args
+
+
+def test_queue_scans_for_selectors_and_browsers_pass_each_position_once() -> None:
+    st = site("q")
+    for color in ("blue", "red", "blue", "red", "blue"):
+        publish_with(st, "q", color=color)
+    q = st.queues["q"]
+
+    def red(msg: StoredMessage) -> bool:
+        return bool(msg.properties and msg.properties.get("color") == "red")
+
+    # Two red ones (2 and 4); nothing selected at or below 1.
+    assert q.count_matching(0, 5, red) == (2, 1)
+    assert q.count_matching(0, 1, red) == (1, 1)
+    apply(st, pc.AcquireMatching("q", SA, 1, 5, "color = 'red'"))
+    # Both acquired: nothing left up to the last position.
+    assert q.count_matching(1, 5, red) == (0, 5)
+    apply(st, pc.Acquire("q", SB, 1, 1))  # takes 1, a blue one
+    apply(st, pc.Accept("q", SB, (1,)))
+    # A browser walks every message once, acquired or not.
+    assert [m.pos for m in q.browse(0, 2)[0]] == [2, 3]
+    assert q.browse(0, 2)[1] == 3
+    assert [m.pos for m in q.browse(3, 10)[0]] == [4, 5]
+    assert q.browse(3, 10)[1] == 5
+    assert q.browse(0, 10, red)[0] == [q.messages[2], q.messages[4]]
