@@ -195,11 +195,7 @@ def _and(a: Any, b: Any) -> bool | None:
 
 
 def _or(a: Any, b: Any) -> bool | None:
-    if a is True or b is True:
-        return True
-    if a is False and b is False:
-        return False
-    return None
+    return _not(_and(_not(a), _not(b)))  # De Morgan holds in three-valued logic
 
 
 def _arithmetic(op: str, a: Any, b: Any) -> Any:
@@ -291,38 +287,35 @@ class _Parser:
     # closures, so that a long selector cannot exhaust the stack.
 
     def or_expr(self) -> _Eval:
-        terms = [self.and_expr()]
-        while self.take("keyword", "OR"):
-            terms.append(self.and_expr())
-        if len(terms) == 1:
-            return terms[0]
-
-        def any_true(m: Lookup) -> bool | None:
-            result: bool | None = False
-            for term in terms:
-                result = _or(result, term(m))
-                if result is True:
-                    return True
-            return result
-
-        return any_true
+        return self.logical("OR", self.and_expr, _or, True)
 
     def and_expr(self) -> _Eval:
-        terms = [self.not_expr()]
-        while self.take("keyword", "AND"):
-            terms.append(self.not_expr())
+        return self.logical("AND", self.not_expr, _and, False)
+
+    def logical(
+        self,
+        keyword: str,
+        operand: Callable[[], _Eval],
+        combine: Callable[[Any, Any], bool | None],
+        decided: bool,
+    ) -> _Eval:
+        """``operand (keyword operand)*``; ``decided`` ends the evaluation
+        (TRUE for OR, FALSE for AND)."""
+        terms = [operand()]
+        while self.take("keyword", keyword):
+            terms.append(operand())
         if len(terms) == 1:
             return terms[0]
 
-        def all_true(m: Lookup) -> bool | None:
-            result: bool | None = True
+        def fold(m: Lookup) -> bool | None:
+            result: bool | None = not decided
             for term in terms:
-                result = _and(result, term(m))
-                if result is False:
-                    return False
+                result = combine(result, term(m))
+                if result is decided:
+                    break
             return result
 
-        return all_true
+        return fold
 
     def not_expr(self) -> _Eval:
         if self.take("keyword", "NOT"):

@@ -7,7 +7,6 @@ worker thread (the helpers of tests/cluster/test_node_durability.py)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,10 @@ from proton import Described, Disposition, Message, Terminus, Timeout, symbol
 from proton.reactor import Copy, Filter, LinkOption, Selector
 from proton.utils import LinkDetached
 
-from cluster.addresses import Address
-from cluster.bus import BusConfig
-from cluster.node import BrokerConfig, BrokerNode
+from cluster.node import BrokerNode
 from cluster.state.model import TEMPORARY_ARG
 from tests.cluster.test_amqp import RawClient
+from tests.cluster.test_amqpauth import broker as memory_broker
 from tests.cluster.test_node_durability import (
     TIMEOUT_S,
     connect,
@@ -31,7 +29,6 @@ from tests.cluster.test_node_durability import (
     send,
     wait_for,
 )
-from tests.support.membus import MemoryBus, open_memory_member
 
 
 async def test_a_message_sent_to_a_consumer_that_leaves_unsettled_comes_back_marked_redelivered(
@@ -62,23 +59,6 @@ async def test_a_message_sent_to_a_consumer_that_leaves_unsettled_comes_back_mar
 # ----------------------------------------------------------------------
 # Browsing (distribution-mode copy): issue 24
 # ----------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def memory_broker() -> AsyncIterator[tuple[BrokerNode, int]]:
-    """A one-node site on the in-memory bus, without a journal."""
-    config = BrokerConfig(
-        cluster="site-p",
-        node=1,
-        bus=BusConfig(backend="embedded", group="site-p", node=1),
-        amqp=Address("127.0.0.1", 0),
-    )
-    node = BrokerNode(config, open_member=open_memory_member(MemoryBus()))
-    with trio.fail_after(TIMEOUT_S):
-        async with trio.open_nursery() as nursery:
-            port: int = await nursery.start(node.serve)
-            yield node, port
-            nursery.cancel_scope.cancel()
 
 
 def publish(port: int, queue: str, *messages: Message) -> None:

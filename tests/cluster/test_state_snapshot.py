@@ -132,23 +132,12 @@ def _own_session(cls: type[pc.SessionOpen] | type[pc.SessionClose]) -> st.Search
 
 base_session = st.sampled_from([session_id(m.node, m.pid, 1) for m in MEMBERS])
 small_positions = st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple)
+# queue, session, consumer, count of an acquire
+hot_acquire = (st.sampled_from(["q0", "q2"]), base_session, st.integers(0, 2), st.integers(1, 3))
 hot_command = st.one_of(
     st.builds(pc.Publish, st.just(""), st.sampled_from(["q0", "q2"]), body, st.text(max_size=2)),
-    st.builds(
-        pc.Acquire,
-        st.sampled_from(["q0", "q2"]),
-        base_session,
-        st.integers(0, 2),
-        st.integers(1, 3),
-    ),
-    st.builds(
-        pc.AcquireMatching,
-        st.sampled_from(["q0", "q2"]),
-        base_session,
-        st.integers(0, 2),
-        st.integers(1, 3),
-        selector_text,
-    ),
+    st.builds(pc.Acquire, *hot_acquire),
+    st.builds(pc.AcquireMatching, *hot_acquire, selector_text),
     st.builds(pc.Accept, queue, base_session, small_positions),
     st.builds(pc.Release, queue, base_session, small_positions, st.booleans()),
 )
