@@ -215,8 +215,14 @@ def _arithmetic(op: str, a: Any, b: Any) -> Any:
     return a / b
 
 
-def _like_pattern(text: str, token: _Token, pattern: str, escape: str | None) -> re.Pattern[str]:
-    out = []
+# A LIKE pattern, compiled: one entry per pattern character, ``_ANY_ONE``
+# for ``_``, ``_ANY_RUN`` for ``%``, else the literal character.
+_ANY_ONE = object()
+_ANY_RUN = object()
+
+
+def _like_pattern(text: str, token: _Token, pattern: str, escape: str | None) -> list[object]:
+    out: list[object] = []
     i = 0
     while i < len(pattern):
         c = pattern[i]
@@ -225,12 +231,47 @@ def _like_pattern(text: str, token: _Token, pattern: str, escape: str | None) ->
                 raise SelectorError(
                     text, token.position, f"LIKE pattern {pattern!r} ends with its escape character"
                 )
-            out.append(re.escape(pattern[i + 1]))
+            out.append(pattern[i + 1])
             i += 2
             continue
-        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
+        if c == "%":
+            if not out or out[-1] is not _ANY_RUN:  # %% is %
+                out.append(_ANY_RUN)
+        else:
+            out.append(_ANY_ONE if c == "_" else c)
         i += 1
-    return re.compile("".join(out), re.DOTALL)
+    return out
+
+
+def _like(value: str, pattern: list[object]) -> bool:
+    """``value`` matches the compiled LIKE ``pattern``: the two-pointer
+    wildcard match, at most len(value) * len(pattern) steps (a regular
+    expression would backtrack exponentially on ``%a%a%a%b``, and every
+    broker of the site evaluates selectors in its applier)."""
+    v = p = 0
+    run = -1  # the pattern index just after the last %, and where in value it began
+    run_v = 0
+    while v < len(value):
+        if (
+            p < len(pattern)
+            and pattern[p] is not _ANY_RUN
+            and (pattern[p] is _ANY_ONE or pattern[p] == value[v])
+        ):
+            v += 1
+            p += 1
+        elif p < len(pattern) and pattern[p] is _ANY_RUN:
+            run = p + 1
+            run_v = v
+            p += 1
+        elif run >= 0:
+            run_v += 1  # let the last % take one more character
+            v = run_v
+            p = run
+        else:
+            return False
+    while p < len(pattern) and pattern[p] is _ANY_RUN:
+        p += 1
+    return p == len(pattern)
 
 
 # --------------------------------------------------------------------------
@@ -404,7 +445,7 @@ class _Parser:
                 raise self.fail("a one-character string after ESCAPE")
             escape = e.value
             self.i += 1
-        regex = _like_pattern(self.text, t, t.value, escape)
+        compiled = _like_pattern(self.text, t, t.value, escape)
 
         def like(m: Lookup) -> bool | None:
             v = left(m)
@@ -412,7 +453,7 @@ class _Parser:
                 return None
             if not isinstance(v, str):
                 return False
-            return regex.fullmatch(v) is not None
+            return _like(v, compiled)
 
         return (lambda m: _not(like(m))) if negate else like
 

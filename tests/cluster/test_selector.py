@@ -186,6 +186,14 @@ def test_a_selector_nested_too_deep_or_too_long_is_refused_not_a_crash() -> None
         parse_selector("a = 1 OR " * 1000 + "a = 1")
 
 
+def test_like_takes_linear_steps_on_a_pattern_that_would_make_a_regex_backtrack() -> None:
+    # As a regular expression (.*a.*a...b) this takes longer than any test
+    # run; every broker's applier evaluates selectors, so it must not.
+    selector = parse_selector("v LIKE '" + "%a" * 12 + "%b'")
+    assert selector.evaluate({"v": "a" * 2000}.get) is False
+    assert selector.evaluate({"v": "a" * 2000 + "b"}.get) is True
+
+
 def test_a_long_chain_of_terms_evaluates_without_exhausting_the_stack() -> None:
     # 500 ORs and a sum of 1500 terms: folded in a loop, not nested (as
     # nested closures they would pass Python's recursion limit).
