@@ -201,18 +201,21 @@ def _or(a: Any, b: Any) -> bool | None:
 def _arithmetic(op: str, a: Any, b: Any) -> Any:
     if not (_is_number(a) and _is_number(b)):
         return None
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if b == 0:
-        return None  # no value: the comparison around it is UNKNOWN
-    if isinstance(a, int) and isinstance(b, int):
-        q = abs(a) // abs(b)
-        return q if (a >= 0) == (b >= 0) else -q  # Java's integer division
-    return a / b
+    try:
+        if op == "+":
+            return a + b
+        if op == "-":
+            return a - b
+        if op == "*":
+            return a * b
+        if b == 0:
+            return None  # no value: the comparison around it is UNKNOWN
+        if isinstance(a, int) and isinstance(b, int):
+            q = abs(a) // abs(b)
+            return q if (a >= 0) == (b >= 0) else -q  # Java's integer division
+        return a / b
+    except OverflowError:  # an integer too large to mix with a float
+        return None
 
 
 # A LIKE pattern, compiled: one entry per pattern character, ``_ANY_ONE``
