@@ -1,5 +1,6 @@
 """A broker node's consumers (cluster/node.py): what a consumer leaves
-unsettled comes back to the next one marked redelivered.
+unsettled comes back to the next one marked redelivered; browsers, JMS
+selectors and temporary queues (dynamic nodes).
 
 A real ``BrokerNode`` on the in-memory bus, Proton's blocking client in a
 worker thread (the helpers of tests/cluster/test_node_durability.py)."""
@@ -7,6 +8,7 @@ worker thread (the helpers of tests/cluster/test_node_durability.py)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,9 @@ from proton import Described, Disposition, Message, Terminus, Timeout, symbol
 from proton.reactor import Copy, Filter, LinkOption, Selector
 from proton.utils import LinkDetached
 
-from cluster.node import BrokerNode
+from cluster.addresses import Address
+from cluster.bus import BusConfig
+from cluster.node import BrokerConfig, BrokerNode, describe
 from cluster.state.model import TEMPORARY_ARG
 from tests.cluster.test_amqp import RawClient
 from tests.cluster.test_amqpauth import broker as memory_broker
@@ -29,6 +33,7 @@ from tests.cluster.test_node_durability import (
     send,
     wait_for,
 )
+from tests.support.membus import MemoryBus, open_memory_member
 
 
 async def test_a_message_sent_to_a_consumer_that_leaves_unsettled_comes_back_marked_redelivered(
@@ -377,3 +382,71 @@ async def test_a_temporary_queue_goes_when_its_client_vanishes() -> None:
         assert temporaries(node) == [address]
         client.abort()  # no detach, no close: a TCP reset
         await wait_for(lambda: temporaries(node) == [])
+
+
+# ----------------------------------------------------------------------
+# Two brokers of one site: the state decides, the same at both
+# ----------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def two_brokers() -> AsyncIterator[tuple[list[BrokerNode], list[int]]]:
+    """Brokers 1 and 2 of one site on one in-memory bus, both serving."""
+    hub = MemoryBus()
+    nodes = [
+        BrokerNode(
+            BrokerConfig(
+                cluster="site-p",
+                node=n,
+                bus=BusConfig(backend="embedded", group="site-p", node=n),
+                amqp=Address("127.0.0.1", 0),
+            ),
+            open_member=open_memory_member(hub),
+        )
+        for n in (1, 2)
+    ]
+    with trio.fail_after(TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            ports = [await nursery.start(node.serve) for node in nodes]
+            await wait_for(lambda: all(len(n.member.state.ready) == 2 for n in nodes))
+            yield nodes, ports
+            nursery.cancel_scope.cancel()
+
+
+async def test_selector_browse_and_temporary_queues_agree_across_two_brokers() -> None:
+    async with two_brokers() as (nodes, (port1, port2)):
+        await in_thread(lambda: declare(port1, "q"))
+        await in_thread(lambda: publish(port1, "q", *colored(*COLORS)))
+        # A browser on broker 2 sees all six; nothing is taken.
+        bodies, _ = await in_thread(lambda: take(port2, "q", 6, Copy()))
+        assert bodies == [f"{c}-{i}" for i, c in enumerate(COLORS)]
+        # The selector consumer on broker 2 and a plain one on broker 1 split
+        # the queue exactly.
+        reds, _ = await in_thread(lambda: take(port2, "q", 3, Selector("color = 'red'")))
+        others, _ = await in_thread(lambda: take(port1, "q", 3))
+        assert (reds, others) == (["red-0", "red-2", "red-5"], ["blue-1", "green-3", "blue-4"])
+        await wait_for(lambda: all(depth(n, "q") == (0, 0) for n in nodes))
+
+        # A temporary queue made at broker 1 is served by broker 2, and goes
+        # at both when its link closes.
+        def request_reply() -> tuple[str, list[str], Any]:
+            conn = connect(port1)
+            try:
+                replies = conn.create_receiver(None, credit=1, dynamic=True)
+                address = replies.link.remote_source.address
+                publish(port2, address, Message(body="reply"))
+                at_two = temporaries(nodes[1])
+                body = replies.receive(timeout=TIMEOUT_S).body
+                replies.accept()
+                replies.close()
+                return address, at_two, body
+            finally:
+                conn.close()
+
+        address, at_two, body = await in_thread(request_reply)
+        assert (at_two, body) == ([address], "reply")
+        await wait_for(lambda: all(temporaries(n) == [] for n in nodes))
+        assert nodes[0].member.state.cseq == nodes[1].member.state.cseq
+        assert (
+            describe(nodes[0].member.state)["digest"] == describe(nodes[1].member.state)["digest"]
+        )
