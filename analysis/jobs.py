@@ -45,8 +45,17 @@ PROGRESS_PREFIX = "drgate-progress: "  # stderr lines a launcher (drgate analyze
 # only: a message kind forwarded for a mode that does not carry it leaked
 # through the filter.  Other kinds (declares, deletes, bindings...) are not
 # judged, except that mode none forwards nothing at all.
-MESSAGE_KINDS = ("publish", "enqueue", "acquire", "accept", "release", "dequeue", "purge")
-DEQUEUE_KINDS = ("acquire", "accept", "release", "dequeue", "purge")
+MESSAGE_KINDS = (
+    "publish",
+    "enqueue",
+    "acquire",
+    "acquire_matching",
+    "accept",
+    "release",
+    "dequeue",
+    "purge",
+)
+DEQUEUE_KINDS = ("acquire", "acquire_matching", "accept", "release", "dequeue", "purge")
 
 KEY = ("event_incarnation", "event_cseq", "queue")
 

@@ -142,8 +142,9 @@ class AmqpHandler(Protocol):
 
     async def on_receiver_link(self, link: IncomingLink) -> None:
         """A client attached a link to SEND to ``link.address`` (``None``: the
-        anonymous relay, each message names its ``address``).  Grant credit
-        with ``link.flow(n)``, or refuse with ``link.close(...)``."""
+        anonymous relay, each message names its ``address``; for a dynamic
+        target call ``link.set_address(...)``).  Grant credit with
+        ``link.flow(n)``, or refuse with ``link.close(...)``."""
         ...
 
     async def on_message(self, link: IncomingLink, delivery: InboundDelivery) -> None:
@@ -205,8 +206,16 @@ class _LinkBase:
     @property
     def create_on_demand(self) -> bool:
         """The client asks that the node be created (capability
-        ``create-on-demand``, or a dynamic terminus)."""
-        return self.dynamic or CREATE_ON_DEMAND in self.capabilities
+        ``create-on-demand``; a dynamic terminus is ``dynamic``)."""
+        return CREATE_ON_DEMAND in self.capabilities
+
+    def set_address(self, address: str) -> None:
+        """Name the node of a dynamic terminus (the source of an outgoing
+        link, the target of an incoming one): the attach answers with it.
+        Call in ``on_sender_link`` / ``on_receiver_link``."""
+        self.address = address
+        terminus = self._pn.source if self._pn.is_sender else self._pn.target
+        terminus.address = address
 
     def declare_arguments(self) -> dict[str, Any]:
         """Queue arguments the client gave: terminus (dynamic-node)
@@ -251,7 +260,9 @@ class OutgoingLink(_LinkBase):
         super().__init__(conn, pn, pn.remote_source)
         self._sender = pn
         self.filter: dict[str, Any] = str_keys(data_to_py(pn.remote_source.filter))
-        self.distribution_mode: int = pn.remote_source.distribution_mode
+        # The client asked to browse (distribution-mode copy): to see the
+        # messages without taking them.
+        self.browse: bool = pn.remote_source.distribution_mode == Terminus.DIST_MODE_COPY
         # The client asked for pre-settled (at-most-once) delivery.
         self.presettled: bool = pn.remote_snd_settle_mode == Link.SND_SETTLED
         self._tags = itertools.count(1)
@@ -268,10 +279,12 @@ class OutgoingLink(_LinkBase):
         """The client asked to drain: send what you have, then ``drained()``."""
         return bool(self._sender.drain_mode)
 
-    def set_address(self, address: str) -> None:
-        """Name the node of a dynamic source (call in ``on_sender_link``)."""
-        self.address = address
-        self._pn.source.address = address
+    def answer_browse(self, browse: bool) -> None:
+        """Answer the attach with the distribution mode in force: ``copy``
+        when the node browses, else ``move`` (call in ``on_sender_link``)."""
+        self._pn.source.distribution_mode = (
+            Terminus.DIST_MODE_COPY if browse else Terminus.DIST_MODE_MOVE
+        )
 
     def unsettled_tokens(self) -> list[object]:
         """Tokens sent and not yet settled by the client, in send order."""

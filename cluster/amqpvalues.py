@@ -25,6 +25,7 @@ __all__ = [
     "data_to_py",
     "encode_annotations",
     "remote_outcome",
+    "selector_filter",
     "str_keys",
     "symbols",
 ]
@@ -155,3 +156,75 @@ def symbols(value: Any) -> tuple[str, ...]:
         return tuple(str(v) for v in value)
     except TypeError:
         return ()
+
+
+# ---------------------------------------------------------------------------
+# Source filters
+# ---------------------------------------------------------------------------
+
+# The JMS selector filter: its descriptor as a symbol and as a code (the
+# Apache filter registry), and the key clients that send a bare string use.
+SELECTOR_DESCRIPTOR = "apache.org:selector-filter:string"
+SELECTOR_CODE = 0x0000468C00000004
+SELECTOR_KEY = "jms-selector"
+
+
+class FilterRefusal(ValueError):
+    """A source filter the broker does not apply; ``condition`` and the
+    message (naming the filter and the fix) are for the detach."""
+
+    def __init__(self, condition: str, description: str) -> None:
+        super().__init__(description)
+        self.condition = condition
+        self.description = description
+
+
+def _descriptor(value: Any) -> str:
+    descriptor = value.descriptor
+    if isinstance(descriptor, int):
+        return f"0x{int(descriptor):016x}"
+    return str(descriptor)
+
+
+def selector_filter(filters: dict[str, Any]) -> str | None:
+    """The JMS selector text of a source's filter map (``None``: no
+    selector).  Raises :class:`FilterRefusal` for a filter that is not a
+    selector (``amqp:not-implemented``) or a selector that is not a string
+    or not alone (``amqp:invalid-field``): a broker answers an attach with
+    only the filters it applies, and applies nothing else."""
+    found: list[tuple[str, str]] = []
+    for key, value in filters.items():
+        if isinstance(value, proton.Described):
+            descriptor = value.descriptor
+            is_selector = (isinstance(descriptor, int) and int(descriptor) == SELECTOR_CODE) or (
+                isinstance(descriptor, str) and str(descriptor) == SELECTOR_DESCRIPTOR
+            )
+            if not is_selector:
+                raise FilterRefusal(
+                    "amqp:not-implemented",
+                    f"source filter {key!r} (descriptor {_descriptor(value)!r}) is not "
+                    f"supported: this broker applies only the JMS selector filter "
+                    f"({SELECTOR_DESCRIPTOR}); attach without it",
+                )
+            text = value.value
+        elif key == SELECTOR_KEY:
+            text = value
+        else:
+            raise FilterRefusal(
+                "amqp:not-implemented",
+                f"source filter {key!r} ({value!r}) is not supported: this broker applies "
+                f"only the JMS selector filter ({SELECTOR_DESCRIPTOR}); attach without it",
+            )
+        if not isinstance(text, str):
+            raise FilterRefusal(
+                "amqp:invalid-field",
+                f"source filter {key!r}: a JMS selector must be a string, got {text!r}",
+            )
+        found.append((key, str(text)))
+    if len(found) > 1:
+        keys = ", ".join(repr(k) for k, _ in found)
+        raise FilterRefusal(
+            "amqp:invalid-field",
+            f"source filters {keys} are all JMS selectors; give one (combine them with AND)",
+        )
+    return found[0][1] if found else None

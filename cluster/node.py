@@ -32,7 +32,8 @@ import functools
 import itertools
 import json
 import logging
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,20 +55,22 @@ from cluster.amqp import (
 )
 from cluster.amqpauth import AmqpSecurity, Principal
 from cluster.amqpserver import serve_amqp
-from cluster.amqpvalues import encode_annotations
+from cluster.amqpvalues import FilterRefusal, encode_annotations, selector_filter
 from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
 from cluster.durability import JournalSettings, NodeJournal
 from cluster.member import FORCE_HINT, BusOpener, NullObserver, SiteMember
+from cluster.selector import SelectorError
 from cluster.state.machine import PROMOTE_HINT
-from cluster.state.model import SiteState
+from cluster.state.model import TEMPORARY_ARG, SiteState
 from cluster.state.persistence import publish_persistent
+from cluster.state.selection import matcher
 from cluster.statistics import BusSection, DonationSection, JournalSection, NodeStatistics
 from cluster.tls import TlsFiles, server_context
 from cluster.webconfig import WebConfig
 from protocol import cluster as pc
 from protocol.amqpsections import with_broker_state
 from protocol.errors import DrgateError, RemoteProtocolError
-from protocol.modes import Role
+from protocol.modes import REPLICATE_ARG, Role
 from protocol.values import Value
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,11 @@ DEFAULT_MAX_SITE_BYTES = 1024**3
 # How an encoded AMQP message begins: a described section (descriptor 0x00,
 # then a small or a full ulong code).
 _SECTION_STARTS = frozenset({b"\x00\x53", b"\x00\x80"})
+
+
+# Temporary queues (dynamic nodes) are named this and a UUID: unique in the
+# site without asking the others, and visibly the broker's.
+TEMPORARY_PREFIX = "$drgate.temp."
 
 
 # A broker built without a config file (tests) listens on loopback only.
@@ -125,6 +133,19 @@ class _Consumer:
     id: int
     acquiring: int = 0  # requested in Acquire commands not yet applied
     unsettled: dict[int, int] = field(default_factory=dict)  # pos -> pos
+    # A browser (distribution-mode copy) is sent every message without
+    # acquiring it, in position order: ``cursor`` is the last position it
+    # went past.  It changes no state, so it is this node's alone.
+    browse: bool = False
+    cursor: int = 0
+    # The JMS selector of its source filter ("" when none) and the messages
+    # it selects.  Every Acquire of the consumer carries the text, so that
+    # every member acquires the same messages (AcquireMatching).
+    selector: str = ""
+    match: Callable[[Any], bool] | None = None
+    # Up to which position its queue holds nothing it selects, and the
+    # releases count at which that was found (a release may change it).
+    clear: tuple[int, int] = (0, 0)
 
 
 def _encoded(msg: Any) -> bytes:
@@ -181,6 +202,12 @@ class BrokerNode(NullObserver):
         self._by_consumer_id: dict[int, _Consumer] = {}
         self._consumer_ids = itertools.count(1)
         self._waiting_queues: set[str] = set()
+        # Releases seen, per queue, and restores of the state (selector
+        # consumers' scans start over after either; see _request).
+        self._releases: dict[str, int] = {}
+        self._restores = 0
+        # Links whose dynamic terminus is a temporary queue: link -> queue.
+        self._temporary: dict[OutgoingLink | IncomingLink, str] = {}
         self._admin_lock = trio.Lock()
         self._admin_refusals: list[Any] | None = None
         self._was_minority = False
@@ -222,7 +249,7 @@ class BrokerNode(NullObserver):
     ) -> None:
         if self.durability is not None:
             self.durability.after_command(cmd)
-        if own and isinstance(cmd, pc.Acquire):
+        if own and isinstance(cmd, pc.Acquire | pc.AcquireMatching):
             consumer = self._by_consumer_id.get(cmd.consumer)
             if consumer is not None:
                 consumer.acquiring = max(0, consumer.acquiring - cmd.count)
@@ -234,6 +261,7 @@ class BrokerNode(NullObserver):
         self._acquire_for_waiting()
 
     def after_restore(self) -> None:
+        self._restores += 1
         if self.durability is not None:
             self.durability.after_restore()
 
@@ -322,7 +350,10 @@ class BrokerNode(NullObserver):
                     self._deliver(consumer, effect)
             elif isinstance(effect, st.Enqueued | st.Released):
                 self._waiting_queues.add(effect.queue)
+                if isinstance(effect, st.Released):
+                    self._releases[effect.queue] = self._releases.get(effect.queue, 0) + 1
             elif isinstance(effect, st.QueueDeleted):
+                self._releases.pop(effect.queue, None)
                 for consumer in list(self._consumers.values()):
                     if consumer.queue == effect.queue:
                         consumer.link.close(
@@ -375,14 +406,52 @@ class BrokerNode(NullObserver):
                 self._request(consumer)
 
     def _request(self, consumer: _Consumer) -> None:
+        if consumer.browse:
+            self._browse(consumer)
+            return
         want = consumer.link.credit - consumer.acquiring
         if want <= 0 or consumer.link.closed or not self.quorate():
             return
         if available(self.member.state, consumer.queue) <= 0:
             return
         want = min(want, available(self.member.state, consumer.queue))
+        if consumer.match is not None:
+            # Ask only for what this node's copy of the state says is there:
+            # no bus traffic for a queue of messages the selector passes over,
+            # and each message looked at once until a release or a restore.
+            generation = self._restores + self._releases.get(consumer.queue, 0)
+            start, seen = consumer.clear
+            if seen != generation:
+                start = 0
+            want, clear = self.member.state.queues[consumer.queue].count_matching(
+                start, want, consumer.match
+            )
+            consumer.clear = (clear, generation)
+            if want <= 0:
+                return
+            consumer.acquiring += want
+            self.member.post(
+                pc.AcquireMatching(
+                    consumer.queue, consumer.session, consumer.id, want, consumer.selector
+                )
+            )
+            return
         consumer.acquiring += want
         self.member.post(pc.Acquire(consumer.queue, consumer.session, consumer.id, want))
+
+    def _browse(self, consumer: _Consumer) -> None:
+        """Send a browser the next messages of its queue, as far as its
+        credit goes, acquiring none (docs/broker.md, "Browsing")."""
+        credit = consumer.link.credit
+        q = self.member.state.queues.get(consumer.queue)
+        if credit <= 0 or q is None or consumer.link.closed or not self.quorate():
+            return
+        messages, consumer.cursor = q.browse(consumer.cursor, credit, consumer.match)
+        for msg in messages:
+            try:
+                consumer.link.send_encoded_nowait(_encoded(msg), msg.pos)
+            except (trio.WouldBlock, DrgateError):
+                return  # the client left: nothing to give back
 
     # ------------------------------------------------------------------
     # AMQP handler
@@ -404,6 +473,7 @@ class BrokerNode(NullObserver):
             return True
         if link.create_on_demand:
             args = {k: _plain(v) for k, v in link.declare_arguments().items()}
+            args.pop(TEMPORARY_ARG, None)  # only a dynamic node makes a temporary queue
             await self.member.submit_and_wait(pc.QueueDeclare(address, args))
             if has_queue(self.member.state, address):
                 return True
@@ -474,6 +544,13 @@ class BrokerNode(NullObserver):
         if not self.quorate():
             link.close(MINORITY_CONDITION, self.minority_refusal())
             return
+        selector = self._selector(link, address)
+        if selector is None:
+            return
+        if link.dynamic:
+            address = await self._temporary_queue(link) or ""
+            if not address:
+                return
         if not address or not await self._ensure_queue(link, address):
             if not address:
                 link.close("amqp:invalid-field", "a receiving link must name a queue")
@@ -488,9 +565,60 @@ class BrokerNode(NullObserver):
         session, new = self._session_for(link.connection)
         if new:
             await self.member.submit(pc.SessionOpen(session))
-        consumer = _Consumer(link, address, session, next(self._consumer_ids))
+        link.answer_browse(link.browse)
+        consumer = _Consumer(
+            link,
+            address,
+            session,
+            next(self._consumer_ids),
+            browse=link.browse,
+            selector=selector,
+            match=matcher(selector) if selector else None,
+        )
         self._consumers[link] = consumer
         self._by_consumer_id[consumer.id] = consumer
+
+    async def _temporary_queue(self, link: OutgoingLink | IncomingLink) -> str | None:
+        """Create the temporary queue of ``link``'s dynamic terminus and name
+        it in the attach; ``None`` after refusing the link.  The queue is
+        owned by the connection's session: the link's close deletes it, and
+        so does the session's end (the connection's, or its broker's, as
+        every member applies the SessionClose or the view change).  The
+        client's declare arguments are not used: a temporary queue is never
+        durable and never replicated (docs/broker.md, "Dynamic nodes")."""
+        session, new = self._session_for(link.connection)
+        if new:
+            await self.member.submit(pc.SessionOpen(session))
+        name = f"{TEMPORARY_PREFIX}{uuid.uuid4()}"
+        args: dict[str, Value] = {TEMPORARY_ARG: f"{session:#x}", REPLICATE_ARG: "none"}
+        await self.member.submit_and_wait(pc.QueueDeclare(name, args))
+        if not has_queue(self.member.state, name):
+            link.close(
+                "amqp:internal-error",
+                f"the temporary queue {name!r} for this dynamic node was not created at "
+                f"{self.config.cluster} node {self.config.node}; attach again",
+            )
+            return None
+        link.set_address(name)
+        self._temporary[link] = name
+        return name
+
+    def _selector(self, link: OutgoingLink, address: str) -> str | None:
+        """The JMS selector of ``link``'s source ("" for none; the attach
+        echoes it, as it is applied), or ``None`` after refusing the link: a
+        filter this broker does not apply, or a selector that does not parse
+        (docs/broker.md, "Selectors")."""
+        try:
+            text = (selector_filter(link.filter) or "").strip()
+            if text:
+                matcher(text)
+        except FilterRefusal as refusal:
+            link.close(refusal.condition, f"cannot consume from {address!r}: {refusal}")
+            return None
+        except SelectorError as exc:
+            link.close("amqp:invalid-field", f"cannot consume from {address!r}: {exc}")
+            return None
+        return text
 
     async def on_receiver_link(self, link: IncomingLink) -> None:
         address = link.address
@@ -502,6 +630,10 @@ class BrokerNode(NullObserver):
             return
         if not self.quorate():
             link.close(MINORITY_CONDITION, self.minority_refusal())
+            return
+        if link.dynamic:
+            if await self._temporary_queue(link) is not None:
+                link.flow(PUBLISH_WINDOW)
             return
         if address is not None:
             if not await self._ensure_queue(link, address):
@@ -528,7 +660,7 @@ class BrokerNode(NullObserver):
         # "Messages pass through unchanged").
         body = delivery.encoded or bytes(message.encode())
         refusal = None
-        if not principal.may_publish(address):
+        if not principal.may_publish(address) and self._temporary.get(link) != address:
             refusal = Rejected(UNAUTHORIZED, self.unauthorized(principal, "publish", address))
         elif (too_much := self.memory_refusal(len(body))) is not None:
             refusal = Rejected(RESOURCE_LIMIT, too_much)
@@ -579,8 +711,8 @@ class BrokerNode(NullObserver):
         self, link: OutgoingLink, outcomes: Sequence[tuple[object, Outcome]]
     ) -> None:
         consumer = self._consumers.get(link)
-        if consumer is None:
-            return
+        if consumer is None or consumer.browse:
+            return  # a browser's outcomes change nothing: it acquired nothing
         # One command per run of settlements of one kind, in order: a
         # consumer's window of accepts is one Accept on the bus.
         run: list[int] = []
@@ -622,6 +754,14 @@ class BrokerNode(NullObserver):
             await self.member.submit(pc.Release(queue, session, held, False))
 
     async def on_link_closed(self, link: OutgoingLink | IncomingLink) -> None:
+        await self._link_closed(link)
+        temporary = self._temporary.pop(link, None)
+        if temporary is not None and has_queue(self.member.state, temporary):
+            # Its dynamic node goes with it (if the connection ends first,
+            # the SessionClose deletes it as well).
+            await self.member.submit(pc.QueueDelete(temporary))
+
+    async def _link_closed(self, link: OutgoingLink | IncomingLink) -> None:
         if isinstance(link, OutgoingLink):
             consumer = self._consumers.pop(link, None)
             if consumer is None:

@@ -201,6 +201,26 @@ class Acquire(_CommandBase):
     count: int = 1
 
 
+# key=queue  meta: session u64 | consumer u32 | count u32 | selector str16
+@_command(
+    Kind.ACQUIRE_MATCHING,
+    key="queue",
+    meta=[("session", Int64ub), ("consumer", Int32ub), ("count", Int32ub), ("selector", _STR)],
+)
+@dataclass(frozen=True, slots=True)
+class AcquireMatching(_CommandBase):
+    """:class:`Acquire` of only the messages JMS selector ``selector``
+    selects (cluster/selector.py), in FIFO order; the others stay for other
+    consumers.  Every member evaluates the same selector on the same
+    messages, so every member acquires the same ones."""
+
+    queue: str
+    session: int
+    consumer: int = 0
+    count: int = 1
+    selector: str = ""
+
+
 # key=queue  meta: session u64 | positions (u32 count + u64 each)
 @_command(Kind.ACCEPT, key="queue", meta=[("session", Int64ub), ("positions", _POSITIONS, _tuple)])
 @dataclass(frozen=True, slots=True)
@@ -620,6 +640,7 @@ Command: TypeAlias = (
     | Unbind
     | Publish
     | Acquire
+    | AcquireMatching
     | Accept
     | Release
     | Modify

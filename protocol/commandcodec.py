@@ -89,6 +89,7 @@ class Kind(enum.IntEnum):
     FORCE_RECOVERY = 33
     JOIN_HAVE = 34
     MODIFY = 35
+    ACQUIRE_MATCHING = 36
 
 
 class ExchangeType(enum.IntEnum):

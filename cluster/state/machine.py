@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from cluster.selector import SelectorError
 from cluster.state.effects import (
     CONDITIONS,
     Delivered,
@@ -50,6 +51,7 @@ from cluster.state.effects import (
 )
 from cluster.state.merge import origin_record, read_only_origin
 from cluster.state.model import (
+    TEMPORARY_ARG,
     Exchange,
     Queue,
     Session,
@@ -63,6 +65,7 @@ from cluster.state.queues import (
 )
 from cluster.state.replica import replicated
 from cluster.state.resync import resync_apply, resync_commit, resync_stage
+from cluster.state.selection import matcher
 from protocol.amqpsections import merge_annotations_untrusted
 from protocol.cluster import (
     Accept,
@@ -70,6 +73,7 @@ from protocol.cluster import (
     AcceptPrimary,
     AckWatermark,
     Acquire,
+    AcquireMatching,
     Bind,
     Command,
     Dequeue,
@@ -245,6 +249,32 @@ def _close_session(state: SiteState, s: Session, reason: str, eff: Effects) -> N
         if q is not None:
             _release(state, q, s, list(held), True, reason, eff)
     s.acquired.clear()
+    # Its temporary queues (dynamic nodes) go with it.  A scan of the
+    # queues: sessions close once per connection, not per message.
+    owner = f"{s.id:#x}"
+    for q in [q for q in state.queues.values() if q.args.get(TEMPORARY_ARG) == owner]:
+        delete_queue(state, q, eff)
+
+
+def _temporary_problem(state: SiteState, cmd: QueueDeclare, sender: Sender | None) -> str | None:
+    """Why ``cmd`` may not declare a temporary queue: it must be new, and
+    owned by an open session of its sender (whose closing deletes it)."""
+    if cmd.queue in state.queues:
+        return f"queue {cmd.queue!r} exists; a temporary queue must be a new one"
+    owner = cmd.args[TEMPORARY_ARG]
+    try:
+        session = int(str(owner), 16)
+    except ValueError:
+        return f"{TEMPORARY_ARG}={owner!r} is not a session id (0x...)"
+    if session not in state.sessions:
+        return f"its owner session {session:#x} is not open"
+    node, pid = session_owner(session)
+    if sender is not None and (node, pid) != (sender.node, sender.pid):
+        return (
+            f"its owner session {session:#x} belongs to member {node}.{pid}, "
+            f"not to the sender {sender.node}.{sender.pid}"
+        )
+    return None
 
 
 # --------------------------------------------------------------------------
@@ -256,6 +286,8 @@ def _queue_declare(
     state: SiteState, cmd: QueueDeclare, sender: Sender | None, eff: Effects
 ) -> None:
     problem = check_declare_args(cmd.args)
+    if problem is None and TEMPORARY_ARG in cmd.args:
+        problem = _temporary_problem(state, cmd, sender)
     if problem is not None:
         _refuse(
             state,
@@ -514,7 +546,9 @@ def _publish(state: SiteState, cmd: Publish, sender: Sender | None, eff: Effects
     eff.append(Settled(cmd.ref, sender, tuple(targets)))
 
 
-def _acquire(state: SiteState, cmd: Acquire, sender: Sender | None, eff: Effects) -> None:
+def _acquire(
+    state: SiteState, cmd: Acquire | AcquireMatching, sender: Sender | None, eff: Effects
+) -> None:
     q = state.queues.get(cmd.queue)
     if q is None:
         _refuse(
@@ -551,7 +585,23 @@ def _acquire(state: SiteState, cmd: Acquire, sender: Sender | None, eff: Effects
             session=cmd.session,
         )
         return
-    positions = q.take(cmd.count, (s.id, cmd.consumer))
+    match = None
+    if isinstance(cmd, AcquireMatching):
+        try:
+            match = matcher(cmd.selector)
+        except SelectorError as exc:
+            # The broker checked it at attach: only a faulty member sends this.
+            _refuse(
+                state,
+                eff,
+                sender,
+                Reason.INVALID_ARGUMENT,
+                q.name,
+                f"cannot consume from queue {q.name!r}: {exc}",
+                session=cmd.session,
+            )
+            return
+    positions = q.take(cmd.count, (s.id, cmd.consumer), match)
     if not positions:
         return
     held = s.acquired.setdefault(q.name, {})
@@ -847,6 +897,7 @@ _LOCAL: dict[type, Callable[[SiteState, Any, Sender | None, Effects], None]] = {
     Unbind: _unbind,
     Publish: _publish,
     Acquire: _acquire,
+    AcquireMatching: _acquire,
     Accept: _accept,
     Release: _release_cmd,
     Modify: _modify,

@@ -10,7 +10,7 @@ snapshot round trip.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from cluster.state.effects import Message
@@ -43,6 +43,12 @@ def session_id(node: int, pid: int, local: int) -> int:
     if not 0 <= local < 1 << SESSION_LOCAL_BITS:
         raise ValueError(f"local session number {local} does not fit in {SESSION_LOCAL_BITS} bits")
     return (node << 40) | (pid << 16) | local
+
+
+# The queue argument that makes a queue temporary (an AMQP dynamic node):
+# the owning session, as ``0x...`` text.  The queue is deleted when that
+# session closes (its connection ends, or its member leaves the view).
+TEMPORARY_ARG = "drgate.temporary"
 
 
 def session_owner(session: int) -> tuple[int, int]:
@@ -170,10 +176,16 @@ class Queue:
         heapq.heapify(self.available)
         self.next_pos = max(self.next_pos, msgs[-1].pos + 1)
 
-    def take(self, count: int, link: tuple[int, int] = (0, 0)) -> list[int]:
+    def take(
+        self,
+        count: int,
+        link: tuple[int, int] = (0, 0),
+        match: Callable[[Message], bool] | None = None,
+    ) -> list[int]:
         """Pop up to ``count`` available positions, lowest first, passing
         over the messages ``link`` (session, consumer) refused as
-        undeliverable-here (they stay available to other links)."""
+        undeliverable-here and, with ``match``, those it does not accept
+        (they stay available to other links, in their place)."""
         out: list[int] = []
         heap = self.available
         messages = self.messages
@@ -184,7 +196,7 @@ class Queue:
             msg = messages.get(pos)
             if msg is None or pos in acquired:
                 self.stale -= 1
-            elif msg.refused and link in msg.refused:
+            elif (msg.refused and link in msg.refused) or (match is not None and not match(msg)):
                 passed.append(pos)
             else:
                 out.append(pos)
@@ -214,6 +226,60 @@ class Queue:
 
     def available_count(self) -> int:
         return len(self.messages) - len(self.acquired)
+
+    def held_after(self, after: int) -> Iterator[Message]:
+        """The messages above position ``after``, lowest first.  Costs the
+        positions walked, gaps included, except the gap below the first
+        message held (``messages`` is in position order), which is skipped
+        at once: a caller that remembers where it stopped pays each
+        position once."""
+        messages = self.messages
+        if messages:
+            after = max(after, next(iter(messages)) - 1)
+        for pos in range(after + 1, self.next_pos):
+            msg = messages.get(pos)
+            if msg is not None:
+                yield msg
+
+    def browse(
+        self, after: int, count: int, match: Callable[[Message], bool] | None = None
+    ) -> tuple[list[Message], int]:
+        """Up to ``count`` messages above position ``after``, lowest first,
+        acquired or not (what a browsing consumer sees; nothing changes), and
+        the position to continue after.  With ``match``, only those it
+        accepts (the others are passed over for good)."""
+        out: list[Message] = []
+        for msg in self.held_after(after):
+            if len(out) >= count:
+                break
+            after = msg.pos
+            if match is None or match(msg):
+                out.append(msg)
+        if len(out) < count:
+            after = max(after, self.next_pos - 1)  # every position is walked
+        return out, after
+
+    def count_matching(
+        self, after: int, limit: int, match: Callable[[Message], bool]
+    ) -> tuple[int, int]:
+        """How many available messages above position ``after`` ``match``
+        accepts, counting up to ``limit`` (read-only), and the position up to
+        which none is: every message at or below it is acquired or not
+        accepted, so a caller may start there next time, until a release
+        makes one available again."""
+        found = 0
+        clear = after
+        acquired = self.acquired
+        for msg in self.held_after(after):
+            if found >= limit:
+                break
+            if msg.pos not in acquired and match(msg):
+                found += 1
+            elif not found:
+                clear = msg.pos
+        if not found:
+            clear = max(clear, self.next_pos - 1)
+        return found, clear
 
 
 # --------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from proton import Message
 
 from cluster.state import (
     Delivered,
@@ -29,6 +30,8 @@ from cluster.state import (
     statistics,
     topic_matches,
 )
+from cluster.state.effects import Message as StoredMessage
+from cluster.state.model import TEMPORARY_ARG
 from protocol import cluster as pc
 from protocol.modes import Role
 from protocol.values import Value
@@ -218,6 +221,56 @@ def test_queue_arguments_are_stored_as_given_and_redeclare_merges() -> None:
     assert queue_args(st, "q") == {**args, "qpid.replicate": "configuration"}
     assert len(eff) == 1
     assert eff[0].created is False  # type: ignore[union-attr]
+
+
+def publish_with(st: SiteState, queue: str, **properties: Value) -> None:
+    ref = st.cseq + 1
+    body = Message(body=f"m{ref}", properties=properties, priority=7).encode()
+    eff = apply(st, pc.Publish("", queue, body, f"id-{ref}", properties, ref), sender=A)
+    assert isinstance(eff[-1], Settled), eff
+
+
+def test_acquire_matching_takes_only_what_the_selector_selects_and_leaves_the_rest() -> None:
+    st = site("q")
+    for color in ("blue", "red", "blue", "red"):
+        publish_with(st, "q", color=color)
+    publish_with(st, "q")  # no color: NULL, selected by neither
+    eff = apply(st, pc.AcquireMatching("q", SA, 7, 5, "color = 'red'"))
+    assert [(e.consumer, e.message.properties) for e in eff] == [  # type: ignore[union-attr]
+        (7, {"color": "red"}),
+        (7, {"color": "red"}),
+    ]
+    # The blue ones and the one without a color stay, in order, for others.
+    eff = apply(st, pc.Acquire("q", SB, 1, 5))
+    assert [e.message.properties for e in eff] == [{"color": "blue"}, {"color": "blue"}, None]  # type: ignore[union-attr]
+    # Released, a red one is selected again, in its place.
+    apply(st, pc.Release("q", SA, (2,)))
+    eff = apply(st, pc.AcquireMatching("q", SA, 7, 5, "color IN ('red') AND JMSPriority = 7"))
+    assert [e.message.pos for e in eff] == [2]  # type: ignore[union-attr]
+    assert apply(st, pc.AcquireMatching("q", SA, 7, 5, "color = 'red'")) == []
+
+
+def test_acquire_matching_reads_jms_header_names() -> None:
+    st = site("q")
+    publish_with(st, "q", n=1)
+    publish_with(st, "q", n=2)
+    eff = apply(st, pc.AcquireMatching("q", SA, 1, 5, "JMSMessageID = 'id-2' AND n = 1"))
+    assert eff == []
+    eff = apply(st, pc.AcquireMatching("q", SA, 1, 5, "JMSMessageID LIKE 'id-%' AND n = 2"))
+    assert [e.message.message_id for e in eff] == [messages(st, "q")[1].message_id]  # type: ignore[union-attr]
+    eff = apply(st, pc.AcquireMatching("q", SA, 1, 5, "JMSDeliveryMode = 'NON_PERSISTENT'"))
+    assert len(eff) == 1
+
+
+def test_acquire_matching_with_a_malformed_selector_is_refused_at_every_member() -> None:
+    st = site("q")
+    publish(st, "q", b"1")
+    eff = apply(st, pc.AcquireMatching("q", SA, 1, 5, "color = "), sender=A)
+    assert [(e.reason, e.condition) for e in eff] == [  # type: ignore[union-attr]
+        (Reason.INVALID_ARGUMENT, "amqp:invalid-field")
+    ]
+    assert "selector 'color = ': at position 9" in eff[0].description  # type: ignore[union-attr]
+    assert [e.message.pos for e in apply(st, pc.Acquire("q", SB, 1, 5))] == [1]  # type: ignore[union-attr]
 
 
 def test_acquire_takes_first_available_in_fifo_order() -> None:
@@ -454,3 +507,79 @@ def test_modify_merges_its_annotations_over_earlier_ones() -> None:
     apply(st, pc.Acquire("q", SA, consumer=1, count=1))
     apply(st, pc.Modify("q", SA, 1, (1,), annotations=b"\xc1\x09"))
     assert messages(st, "q")[0].annotations == b"\xc1\x06\x02\xa3\x01a\x52\x02"
+
+
+# --------------------------------------------------------------------------
+# Temporary queues (dynamic nodes): issue 24
+# --------------------------------------------------------------------------
+
+
+def temporary(session: int) -> dict[str, Value]:
+    return {TEMPORARY_ARG: f"{session:#x}", "qpid.replicate": "none"}
+
+
+def test_a_temporary_queue_is_deleted_when_its_session_closes() -> None:
+    st = site("keep")
+    assert apply(st, pc.QueueDeclare("tmp-a", temporary(SA)), sender=A)[0].created  # type: ignore[union-attr]
+    apply(st, pc.QueueDeclare("tmp-b", temporary(SB)), sender=B)
+    publish(st, "tmp-a", b"reply")
+    apply(st, pc.Acquire("tmp-a", SB, 1, 1))  # another session holds its message
+    eff = apply(st, pc.SessionClose(SA), sender=A)
+    assert [e for e in eff if isinstance(e, QueueDeleted)] == [QueueDeleted("tmp-a", 1)]
+    assert sorted(st.queues) == ["keep", "tmp-b"]
+    assert session_holdings(st, SB) == {}
+    # Closing the session again deletes nothing more.
+    assert apply(st, pc.SessionClose(SA), sender=A) == []
+
+
+def test_a_temporary_queue_is_deleted_when_its_member_leaves_the_view() -> None:
+    st = site()
+    apply(st, pc.QueueDeclare("tmp-b", temporary(SB)), sender=B)
+    eff = members_left(st, [B])
+    assert QueueDeleted("tmp-b", 0) in eff
+    assert "tmp-b" not in st.queues
+
+
+def test_a_temporary_queue_needs_an_open_session_of_its_sender_and_a_new_name() -> None:
+    st = site("q")
+    closed = session_id(1, 100, 9)
+    for cmd, text in [
+        (pc.QueueDeclare("t", temporary(closed)), "session 0x10000640009 is not open"),
+        (pc.QueueDeclare("t", temporary(SB)), "belongs to member 2.200, not to the sender 1.100"),
+        (pc.QueueDeclare("t", {TEMPORARY_ARG: "x"}), "not a session id"),
+        (pc.QueueDeclare("q", temporary(SA)), "queue 'q' exists"),
+    ]:
+        (refused,) = apply(st, cmd, sender=A)
+        assert isinstance(refused, Refused), refused
+        assert (refused.reason, refused.condition) == (
+            Reason.INVALID_ARGUMENT,
+            "amqp:invalid-field",
+        )
+        assert text in refused.description
+    assert sorted(st.queues) == ["q"]
+    assert TEMPORARY_ARG not in st.queues["q"].args
+
+
+def test_queue_scans_for_selectors_and_browsers_pass_each_position_once() -> None:
+    st = site("q")
+    for color in ("blue", "red", "blue", "red", "blue"):
+        publish_with(st, "q", color=color)
+    q = st.queues["q"]
+
+    def red(msg: StoredMessage) -> bool:
+        return bool(msg.properties and msg.properties.get("color") == "red")
+
+    # Two red ones (2 and 4); nothing selected at or below 1.
+    assert q.count_matching(0, 5, red) == (2, 1)
+    assert q.count_matching(0, 1, red) == (1, 1)
+    apply(st, pc.AcquireMatching("q", SA, 1, 5, "color = 'red'"))
+    # Both acquired: nothing left up to the last position.
+    assert q.count_matching(1, 5, red) == (0, 5)
+    apply(st, pc.Acquire("q", SB, 1, 1))  # takes 1, a blue one
+    apply(st, pc.Accept("q", SB, (1,)))
+    # A browser walks every message once, acquired or not.
+    assert [m.pos for m in q.browse(0, 2)[0]] == [2, 3]
+    assert q.browse(0, 2)[1] == 3
+    assert [m.pos for m in q.browse(3, 10)[0]] == [4, 5]
+    assert q.browse(3, 10)[1] == 5
+    assert q.browse(0, 10, red)[0] == [q.messages[2], q.messages[4]]

@@ -58,6 +58,12 @@ args = st.dictionaries(
 )
 body = st.binary(max_size=6)
 
+# Selectors of AcquireMatching: on the random publishes' properties, the
+# message id, and one that does not parse (refused the same way everywhere).
+selector_text = st.sampled_from(
+    ["a = 'x'", "a IS NULL", "JMSMessageID LIKE 'a%'", "NOT b > 1", "JMSPriority = 4", "a ="]
+)
+
 local_command = st.one_of(
     st.builds(pc.QueueDeclare, queue, args),
     st.builds(pc.QueueDelete, queue),
@@ -78,6 +84,9 @@ local_command = st.one_of(
     ),
     st.builds(pc.Publish, st.just(""), queue, body),
     st.builds(pc.Acquire, queue, session, st.integers(0, 2), st.integers(0, 4)),
+    st.builds(
+        pc.AcquireMatching, queue, session, st.integers(0, 2), st.integers(0, 4), selector_text
+    ),
     st.builds(pc.Accept, queue, session, positions),
     st.builds(pc.Release, queue, session, positions, st.booleans()),
     st.builds(
@@ -137,15 +146,12 @@ def _own_session(cls: type[pc.SessionOpen] | type[pc.SessionClose]) -> st.Search
 
 base_session = st.sampled_from([session_id(m.node, m.pid, 1) for m in MEMBERS])
 small_positions = st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple)
+# queue, session, consumer, count of an acquire
+hot_acquire = (st.sampled_from(["q0", "q2"]), base_session, st.integers(0, 2), st.integers(1, 3))
 hot_command = st.one_of(
     st.builds(pc.Publish, st.just(""), st.sampled_from(["q0", "q2"]), body, st.text(max_size=2)),
-    st.builds(
-        pc.Acquire,
-        st.sampled_from(["q0", "q2"]),
-        base_session,
-        st.integers(0, 2),
-        st.integers(1, 3),
-    ),
+    st.builds(pc.Acquire, *hot_acquire),
+    st.builds(pc.AcquireMatching, *hot_acquire, selector_text),
     st.builds(pc.Accept, queue, base_session, small_positions),
     st.builds(pc.Release, queue, base_session, small_positions, st.booleans()),
     st.builds(
