@@ -162,8 +162,9 @@ def audit(df: DataFrame) -> dict[str, DataFrame]:
 
     Returns ``violations`` (one row per violation: ``missing_at_d``,
     ``applied_twice``, ``out_of_order``, ``filtered_leaked``; ``cseq`` is the
-    event's origin cseq) and ``per_queue`` (events forwarded and applied per
-    queue).
+    event's origin cseq), ``not_captured`` (forwarded events after the last
+    application D's captures show, which they cannot judge: not violations)
+    and ``per_queue`` (events forwarded and applied per queue).
     """
     fwd = forwarded(df).withColumn("leaked", leaked(F.col("mode"), F.col("kind_name")))
     ing = ingested(df)
@@ -178,8 +179,30 @@ def audit(df: DataFrame) -> dict[str, DataFrame]:
             detail.alias("detail"),
         )
 
-    missing = _key_join(fwd.where(~F.col("leaked")), ing, "left_anti")
-    missing = shape(missing, "missing_at_d", F.concat(F.lit("forwarded in mode "), F.col("mode")))
+    # D applies each origin's stream in order: an event absent below the last
+    # one D's captures show applied was not applied (missing_at_d); one above
+    # it went by after D's captures end (a node's capture stopped, or the run
+    # ended first), which the captures cannot judge (not_captured).
+    absent = _key_join(fwd.where(~F.col("leaked")), ing, "left_anti").join(
+        ing.groupBy("event_incarnation").agg(F.max("event_cseq").alias("captured_upto")),
+        "event_incarnation",
+        "left",
+    )
+    after = F.col("captured_upto").isNull() | (F.col("event_cseq") > F.col("captured_upto"))
+    missing = shape(
+        absent.where(~after),
+        "missing_at_d",
+        F.concat(F.lit("forwarded in mode "), F.col("mode")),
+    )
+    not_captured = shape(
+        absent.where(after),
+        "not_captured",
+        F.concat(
+            F.lit("forwarded after D's captures end (the last application they show: origin cseq "),
+            F.coalesce(F.col("captured_upto").cast("string"), F.lit("none")),
+            F.lit(")"),
+        ),
+    ).orderBy("origin_incarnation", "cseq", "queue")
 
     leaks = shape(
         fwd.where(F.col("leaked")),
@@ -246,7 +269,7 @@ def audit(df: DataFrame) -> dict[str, DataFrame]:
         .na.fill(0, ["forwarded", "applied"])
         .orderBy("queue")
     )
-    return {"violations": violations, "per_queue": per_queue}
+    return {"violations": violations, "not_captured": not_captured, "per_queue": per_queue}
 
 
 # --- lag ----------------------------------------------------------------------

@@ -250,9 +250,20 @@ def _verdict(job: str, frames: dict[str, pd.DataFrame]) -> str:
     if job != "audit":
         return ""
     n = len(frames["violations"])
+    uncovered = len(frames.get("not_captured", ()))
+    beyond = (
+        f" {uncovered} forwarded event(s) came after the last application D's captures show: "
+        "not captured, so not judged (see the not_captured table; D's /status says what it "
+        "applied)."
+        if uncovered
+        else ""
+    )
     if n == 0:
-        return '<p class="verdict-ok" id="verdict">No violation: every forwarded event was applied once, in order.</p>'  # noqa: E501
-    return f'<p class="verdict-bad" id="verdict">{n} violation(s) found.</p>'
+        return (
+            '<p class="verdict-ok" id="verdict">No violation: every forwarded event D\'s '
+            f"captures cover was applied once, in order.{html.escape(beyond)}</p>"
+        )
+    return f'<p class="verdict-bad" id="verdict">{n} violation(s) found.{html.escape(beyond)}</p>'
 
 
 def write_job_outputs(
