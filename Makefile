@@ -9,8 +9,14 @@ STAMP  := $(VENV)/.installed
 # come with it) for the real site bus, prometheus for promtool, and what
 # python-qpid-proton's source build needs (gcc, headers, libssl-dev for TLS);
 # systemd for systemd-analyze, -sysusers and -tmpfiles (tests/deploy, the units).
-DEB_PKGS := corosync prometheus libssl-dev gcc python3-dev iproute2 procps systemd
+# nodejs and npm for rhea, the second AMQP 1.0 client of tests/interop (npm is
+# looked for as a command: NodeSource's nodejs package carries it).
+DEB_PKGS := corosync prometheus libssl-dev gcc python3-dev iproute2 procps systemd nodejs
+RHEA     := lab/rhea/node_modules/.installed
 PYTEST_ARGS ?=
+# Python may cache bytecode here (pytest's rewritten tests too): a run that
+# compiles every module again spends seconds before the first test.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test check-fast fuzz lint typecheck pytest deb venv clean bench-resync bench-journal \
 	bench-peer bench-cpu bench-durable bench-deliver bench-analysis chaos test-long
@@ -39,15 +45,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-# The fast tests on both cores, then the rest one at a time (the e2e and
-# corosync tests share the lab's namespaces and its lock).  Tests marked
-# `long` (see README.md: the corosync variant of the two-site scenarios, a big
-# resync, a Spark cluster, a collected two-site audit) run with make test-long,
-# outside CI's 45-minute budget.
+# On both cores: every test that needs neither the lab's namespaces
+# (corosync), nor a two-site lab (e2e), nor Spark (two local[2] sessions on
+# two cores took twice as long as one): the fast tests, the embedded bus's
+# contract, broker sites on loopback and the rhea interop suite; then the rest
+# one at a time (the e2e and corosync tests share the lab's namespaces and
+# its lock).  Tests marked `long` (see README.md: the corosync
+# variant of the two-site scenarios, a big resync, a Spark cluster, a
+# collected two-site audit) run with make test-long, outside CI's 45 minutes.
 FAST_TESTS := not slow and not corosync and not e2e and not spark and not long
-pytest: $(STAMP)
-	$(VENV)/bin/pytest -q -n 2 -m "$(FAST_TESTS)" $(PYTEST_ARGS)
-	$(VENV)/bin/pytest -q --durations=30 -m "not ($(FAST_TESTS)) and not long" $(PYTEST_ARGS)
+PARALLEL_TESTS := not e2e and not corosync and not spark and not long
+pytest: $(STAMP) $(RHEA)
+	$(VENV)/bin/pytest -q -n 2 -m "$(PARALLEL_TESTS)" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q --durations=30 -m "not ($(PARALLEL_TESTS)) and not long" $(PYTEST_ARGS)
 
 test-long: $(STAMP)
 	$(VENV)/bin/pytest -q -m long $(PYTEST_ARGS)
@@ -58,6 +68,7 @@ deb:
 	@missing=""; for p in $(DEB_PKGS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
@@ -72,8 +83,13 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# rhea from the npm registry, at the version package-lock.json pins.
+$(RHEA): lab/rhea/package.json lab/rhea/package-lock.json
+	cd lab/rhea && npm ci --no-audit --no-fund
+	touch $(RHEA)
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache lab/rhea/node_modules
 
 # Resync of a 512 MiB primary (2 x 262,144 messages of 1 KiB) and a rules
 # switch of a 200,000-message queue: rate and the egress's and ingress's peak

@@ -16,6 +16,8 @@ property ``seq``.  ``publish --rate R`` paces sending to R messages a second;
 send), and ``consume`` then reports the lag (receive time minus ``sent_at``)
 per message in ``lags`` (the lab's machines share one clock).  ``publish
 --durable`` marks messages durable (persistent, for another broker).
+``consume --raw`` reports each message's encoded bytes as received, in hex
+(``payloads``), for byte-for-byte comparisons.
 ``publish --window N`` keeps at most N messages unsettled (in flight),
 whatever credit the broker grants.  ``--record FILE`` (publish and consume)
 appends one JSON line per settled publish (``{"id": ..., "outcome":
@@ -35,7 +37,7 @@ import sys
 import time
 from typing import IO, Any
 
-from proton import Endpoint, Message
+from proton import Delivery, Endpoint, Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
@@ -306,6 +308,32 @@ class Consumer(MessagingHandler):
         }
 
 
+class RawConsumer(Consumer):
+    """``consume --raw``: each message's encoded bytes as they came off the
+    wire (hex in ``payloads``), not decoded: what a test compares byte for
+    byte with what was sent."""
+
+    def __init__(self, url: str, address: str, count: int, idle_s: float, credit: int) -> None:
+        super().__init__(url, address, count, idle_s, credit, hold=False)
+        self.payloads: list[str] = []
+
+    def on_delivery(self, event: Any) -> None:
+        delivery = event.delivery
+        if not delivery.readable or delivery.partial:
+            return
+        self.payloads.append(event.receiver.recv(delivery.pending).hex())
+        self.ids.append(str(len(self.payloads)))
+        delivery.update(Delivery.ACCEPTED)
+        delivery.settle()
+        self._arm(event.container)
+        if self.count and len(self.payloads) >= self.count:
+            self.timer.cancel()
+            event.connection.close()
+
+    def result(self) -> dict[str, Any]:
+        return {**super().result(), "payloads": self.payloads}
+
+
 class Describer(MessagingHandler):
     def __init__(self, url: str) -> None:
         super().__init__()
@@ -355,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     con.add_argument("--credit", type=int, default=100)
     con.add_argument("--hold", action="store_true", help="never settle: keep what arrives acquired")
+    con.add_argument(
+        "--raw", action="store_true", help="report each message's bytes as received (payloads)"
+    )
     for command in (pub, con):
         command.add_argument("--record", default=None, help="append one JSON line per outcome")
     des = sub.add_parser("describe")
@@ -380,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
             args.window,
             args.record,
         )
+    elif args.op == "consume" and args.raw:
+        handler = RawConsumer(args.url, args.address, args.count, args.idle, args.credit)
     elif args.op == "consume":
         handler = Consumer(
             args.url, args.address, args.count, args.idle, args.credit, args.hold, args.record
