@@ -13,8 +13,10 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def spark() -> Iterator[object]:
+    """A local[2] session for the tests of this package; its JVM is stopped
+    after them (an idle one took a sixth of a core through the rest of CI)."""
     from pyspark.sql import SparkSession
 
     from analysis.source import register
@@ -33,4 +35,17 @@ def spark() -> Iterator[object]:
     session.sparkContext.setLogLevel("ERROR")
     register(session)
     yield session
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
     session.stop()
+    if gateway is not None:
+        gateway.shutdown()
+        proc = getattr(gateway, "proc", None)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=60)
+            if proc.stdin is not None:  # the pipe the JVM watched
+                proc.stdin.close()
+        SparkContext._gateway = None
+        SparkContext._jvm = None

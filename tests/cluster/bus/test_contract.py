@@ -36,7 +36,9 @@ LAB_PREFIX = "dgT"
 TIMEOUT_S = 30
 
 BACKENDS = [
-    pytest.param("embedded", marks=pytest.mark.integration),
+    # A real sequencer process per test: make test runs it (on both cores),
+    # make check-fast has the in-memory bus for the contract's logic.
+    pytest.param("embedded", marks=[pytest.mark.integration, pytest.mark.slow]),
     pytest.param(
         "corosync",
         marks=[pytest.mark.corosync, pytest.mark.integration, pytest.mark.slow],
