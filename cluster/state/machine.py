@@ -611,13 +611,22 @@ def _acquire(
         eff.append(Delivered(q.name, s.id, cmd.consumer, q.messages[pos]))
 
 
-def _accept(state: SiteState, cmd: Accept, sender: Sender | None, eff: Effects) -> None:
+def _settling(state: SiteState, cmd: Accept | Release | Modify) -> tuple[Queue, Session] | None:
+    """The queue and session a settlement names, or None (counted) when the
+    queue was deleted or the session closed meanwhile: nothing to settle."""
     q = state.queues.get(cmd.queue)
     s = state.sessions.get(cmd.session)
     if q is None or s is None:
-        # The queue was deleted or the session closed meanwhile: nothing to settle.
         state.count("stale_settlements", len(cmd.positions))
+        return None
+    return q, s
+
+
+def _accept(state: SiteState, cmd: Accept, sender: Sender | None, eff: Effects) -> None:
+    target = _settling(state, cmd)
+    if target is None:
         return
+    q, s = target
     held = s.acquired.get(q.name)
     done: list[int] = []
     if held is not None:
@@ -635,21 +644,15 @@ def _accept(state: SiteState, cmd: Accept, sender: Sender | None, eff: Effects) 
 
 
 def _release_cmd(state: SiteState, cmd: Release, sender: Sender | None, eff: Effects) -> None:
-    q = state.queues.get(cmd.queue)
-    s = state.sessions.get(cmd.session)
-    if q is None or s is None:
-        state.count("stale_settlements", len(cmd.positions))
-        return
-    _release(state, q, s, cmd.positions, cmd.redelivered, "release", eff)
+    target = _settling(state, cmd)
+    if target is not None:
+        _release(state, *target, cmd.positions, cmd.redelivered, "release", eff)
 
 
 def _modify(state: SiteState, cmd: Modify, sender: Sender | None, eff: Effects) -> None:
-    q = state.queues.get(cmd.queue)
-    s = state.sessions.get(cmd.session)
-    if q is None or s is None:
-        state.count("stale_settlements", len(cmd.positions))
-        return
-    _release(state, q, s, cmd.positions, cmd.delivery_failed, "release", eff, cmd)
+    target = _settling(state, cmd)
+    if target is not None:
+        _release(state, *target, cmd.positions, cmd.delivery_failed, "release", eff, cmd)
 
 
 def _purge(state: SiteState, cmd: Purge, sender: Sender | None, eff: Effects) -> None:
