@@ -70,7 +70,7 @@ from cluster.webconfig import WebConfig
 from protocol import cluster as pc
 from protocol.amqpsections import with_broker_state
 from protocol.errors import DrgateError, RemoteProtocolError
-from protocol.modes import REPLICATE_ARG, Role
+from protocol.modes import REPLICATE_ARG, Role, check_declare_args
 from protocol.values import Value
 
 log = logging.getLogger(__name__)
@@ -474,6 +474,12 @@ class BrokerNode(NullObserver):
         if link.create_on_demand:
             args = {k: _plain(v) for k, v in link.declare_arguments().items()}
             args.pop(TEMPORARY_ARG, None)  # only a dynamic node makes a temporary queue
+            # The state machine refuses the same arguments; checked here so
+            # that the client hears why, not that the queue does not exist.
+            problem = check_declare_args(args)
+            if problem is not None:
+                link.close("amqp:invalid-field", f"cannot declare queue {address!r}: {problem}")
+                return False
             await self.member.submit_and_wait(pc.QueueDeclare(address, args))
             if has_queue(self.member.state, address):
                 return True
