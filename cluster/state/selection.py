@@ -18,6 +18,10 @@ Names a selector may use:
 ``JMSDeliveryMode``       ``'PERSISTENT'`` (header durable) or
                           ``'NON_PERSISTENT'``
 ``JMSTimestamp``          the creation-time, milliseconds since the epoch
+``JMSExpiration``         the absolute-expiry-time, milliseconds since the
+                          epoch (0 when the message has none, as in JMS)
+``JMSReplyTo``            the reply-to address
+``JMSDestination``        the to address
 ``JMSRedelivered``        the message was delivered before
 any other name            the application property of that name
 ========================  =================================================
@@ -39,7 +43,17 @@ from protocol.cluster import DURABLE_PROPERTY
 __all__ = ["compiled", "matcher", "message_lookup"]
 
 # JMS header names read from the decoded AMQP message.
-_FROM_BODY = frozenset({"JMSCorrelationID", "JMSType", "JMSPriority", "JMSTimestamp"})
+_FROM_BODY = frozenset(
+    {
+        "JMSCorrelationID",
+        "JMSType",
+        "JMSPriority",
+        "JMSTimestamp",
+        "JMSExpiration",
+        "JMSReplyTo",
+        "JMSDestination",
+    }
+)
 # AMQP's default priority (section 3.2.1), which JMS reads as its own.
 DEFAULT_PRIORITY = 4
 
@@ -100,6 +114,13 @@ def message_lookup(msg: Message) -> Lookup:
                 return _plain(message.subject)
             if name == "JMSPriority":
                 return int(message.priority)
+            if name == "JMSExpiration":
+                expiry = message.expiry_time
+                return round(expiry * 1000) if expiry else 0
+            if name == "JMSReplyTo":
+                return _plain(message.reply_to)
+            if name == "JMSDestination":
+                return _plain(message.address)
             created = message.creation_time
             return round(created * 1000) if created else None
         if name == DURABLE_PROPERTY:

@@ -262,6 +262,20 @@ def test_acquire_matching_reads_jms_header_names() -> None:
     assert len(eff) == 1
 
 
+def test_acquire_matching_reads_expiration_reply_to_and_destination() -> None:
+    st = site("q")
+    headers = {"expiry_time": 1_800_000_000.5, "reply_to": "replies", "address": "q"}
+    for ref, fields in ((1, headers), (2, {})):
+        body = Message(body=f"m{ref}", **fields).encode()
+        apply(st, pc.Publish("", "q", body, f"id-{ref}", None, ref), sender=A)
+    selector = "JMSExpiration = 1800000000500 AND JMSReplyTo = 'replies' AND JMSDestination = 'q'"
+    eff = apply(st, pc.AcquireMatching("q", SA, 1, 5, selector))
+    assert [e.message.message_id for e in eff] == ["id-1"]  # type: ignore[union-attr]
+    # JMS reads a message without an expiry as JMSExpiration 0.
+    eff = apply(st, pc.AcquireMatching("q", SA, 1, 5, "JMSExpiration = 0 AND JMSReplyTo IS NULL"))
+    assert [e.message.message_id for e in eff] == ["id-2"]  # type: ignore[union-attr]
+
+
 def test_acquire_matching_with_a_malformed_selector_is_refused_at_every_member() -> None:
     st = site("q")
     publish(st, "q", b"1")
