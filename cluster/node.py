@@ -60,8 +60,16 @@ from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
 from cluster.durability import JournalSettings, NodeJournal
 from cluster.member import FORCE_HINT, BusOpener, NullObserver, SiteMember
 from cluster.selector import SelectorError
-from cluster.state.machine import PROMOTE_HINT
-from cluster.state.model import TEMPORARY_ARG, SiteState
+from cluster.siteview import (
+    admin_commands,
+    available,
+    describe,
+    has_exchange,
+    has_queue,
+    plain,
+    read_only_refusal,
+)
+from cluster.state.model import TEMPORARY_ARG
 from cluster.state.persistence import publish_persistent
 from cluster.state.selection import matcher
 from cluster.statistics import BusSection, DonationSection, JournalSection, NodeStatistics
@@ -472,7 +480,7 @@ class BrokerNode(NullObserver):
         if has_queue(self.member.state, address) or has_exchange(self.member.state, address):
             return True
         if link.create_on_demand:
-            args = {k: _plain(v) for k, v in link.declare_arguments().items()}
+            args = {k: plain(v) for k, v in link.declare_arguments().items()}
             args.pop(TEMPORARY_ARG, None)  # only a dynamic node makes a temporary queue
             # The state machine refuses the same arguments; checked here so
             # that the client hears why, not that the queue does not exist.
@@ -680,7 +688,7 @@ class BrokerNode(NullObserver):
             exchange, key = "", address
         properties: dict[str, Value] = {}
         if message.properties:
-            properties.update({str(k): _plain(v) for k, v in message.properties.items()})
+            properties.update({str(k): plain(v) for k, v in message.properties.items()})
         if message.subject:
             properties.setdefault("subject", message.subject)
         # The header's durable, in the reserved key only the header sets.
@@ -884,111 +892,3 @@ class BrokerNode(NullObserver):
             fsync_seconds_total=j.fsync_seconds_total,
             fsync_last_seconds=j.fsync_last_seconds,
         )
-
-
-def admin_commands(request: dict[str, Any]) -> list[pc.Command]:
-    """Bus commands for one admin request (the JSON body sent to $drgate.admin)."""
-    op = request["op"]
-    name = str(request.get("name", ""))
-    args = {str(k): _plain(v) for k, v in (request.get("args") or {}).items()}
-    if op == "add-queue":
-        return [pc.QueueDeclare(name, args)]
-    if op == "del-queue":
-        return [pc.QueueDelete(name)]
-    if op == "purge":
-        return [pc.Purge(name)]
-    if op == "add-exchange":
-        kind = pc.ExchangeType[str(request.get("type", "direct")).upper()]
-        return [pc.ExchangeDeclare(name, kind, args)]
-    if op == "del-exchange":
-        return [pc.ExchangeDelete(name)]
-    if op == "bind":
-        return [pc.Bind(name, str(request["queue"]), str(request.get("key", "")), args)]
-    if op == "unbind":
-        return [pc.Unbind(name, str(request["queue"]), str(request.get("key", "")))]
-    raise DrgateError(
-        f"unknown admin operation {op!r}; valid: add-queue, del-queue, purge, add-exchange, "
-        "del-exchange, bind, unbind"
-    )
-
-
-def _plain(value: Any) -> Value:
-    """An AMQP value as a bus map value (symbols and other str subclasses
-    become str; anything else unsupported becomes its text)."""
-    if value is None or isinstance(value, bool | float):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, bytes):
-        return bytes(value)
-    return str(value)
-
-
-# ----------------------------------------------------------------------
-# Read-only queries of the state, for attach-time checks and listings.
-# The state machine re-checks everything when the command is applied; these
-# only let a client hear "no" at attach rather than at its first message.
-# ----------------------------------------------------------------------
-
-
-def has_queue(state: SiteState, name: str) -> bool:
-    return name in state.queues
-
-
-def has_exchange(state: SiteState, name: str) -> bool:
-    return name in state.exchanges
-
-
-def available(state: SiteState, queue: str) -> int:
-    q = state.queues.get(queue)
-    return 0 if q is None else q.available_count()
-
-
-def read_only_refusal(state: SiteState, queue: str) -> tuple[str, str] | None:
-    """``(condition, description)`` when R3 makes ``queue`` read-only here."""
-    q = state.queues.get(queue)
-    origin = None if q is None else st.read_only_origin(state, q)
-    if origin is None:
-        return None
-    return (
-        "amqp:not-allowed",
-        f"queue {queue!r} is a read-only replica of site {origin!r} (mode full) "
-        f"while replication is active; to use it here, promote this site over {origin!r} "
-        f"({PROMOTE_HINT})",
-    )
-
-
-def describe(state: SiteState) -> dict[str, Any]:
-    queues = []
-    for q in state.queues.values():
-        queues.append(
-            {
-                "name": q.name,
-                "depth": q.depth,
-                "acquired": len(q.acquired),
-                "bytes": q.bytes,
-                "digest": st.queue_digest(state, q.name),
-                "args": {k: v if not isinstance(v, bytes) else v.hex() for k, v in q.args.items()},
-                "replica": None
-                if q.replica is None
-                else {"origin": q.replica.origin, "mode": q.replica.mode.label},
-            }
-        )
-    exchanges = []
-    for x in state.exchanges.values():
-        exchanges.append(
-            {
-                "name": x.name,
-                "type": x.type.name.lower(),
-                "bindings": [{"queue": qn, "key": key} for qn, key in x.bindings],
-            }
-        )
-    return {
-        "incarnation": state.incarnation,
-        "cseq": state.cseq,
-        "queues": queues,
-        "exchanges": exchanges,
-        "digest": st.digest(state),
-    }

@@ -20,7 +20,8 @@ from proton.utils import LinkDetached
 
 from cluster.addresses import Address
 from cluster.bus import BusConfig
-from cluster.node import BrokerConfig, BrokerNode, describe
+from cluster.node import BrokerConfig, BrokerNode
+from cluster.siteview import describe
 from cluster.state.model import TEMPORARY_ARG
 from tests.cluster.test_amqp import RawClient
 from tests.cluster.test_amqpauth import broker as memory_broker

@@ -16,7 +16,7 @@ from proton import Message
 from proton.reactor import DynamicNodeProperties, LinkOption
 from proton.utils import LinkDetached
 
-from cluster.node import has_queue
+from cluster.siteview import has_queue
 from tests.cluster.test_node_durability import connect, in_thread
 from tests.cluster.test_node_outcomes import brokers, same_state
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cluster import state as st
-from cluster.node import admin_commands
+from cluster.siteview import admin_commands
 from gateway.cli import build_parser
 from gateway.commands.admin import REPLICATE_ARGS, AdminError, request_for
 from protocol import cluster as pc
