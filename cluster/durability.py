@@ -65,7 +65,7 @@ from dataclasses import dataclass
 import trio
 
 from cluster.bus import MemberId
-from cluster.journal import Journal, JournalStatistics
+from cluster.journal import DEFAULT_CHECKPOINT_INTERVAL_S, Journal, JournalStatistics
 from cluster.member import SiteMember
 from cluster.state.persistence import for_journal
 from protocol import cluster as pc
@@ -89,6 +89,7 @@ class JournalSettings:
     directory: str
     fsync: str = "batch"
     checkpoint_bytes: int = 64 << 20
+    checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S
 
 
 class CommitThread:
@@ -161,7 +162,10 @@ class NodeJournal:
         self.member = member
         self.node = node
         self.journal = Journal.open(
-            settings.directory, fsync=settings.fsync, checkpoint_bytes=settings.checkpoint_bytes
+            settings.directory,
+            fsync=settings.fsync,
+            checkpoint_bytes=settings.checkpoint_bytes,
+            checkpoint_interval_s=settings.checkpoint_interval_s,
         )
         self._started = False  # the journal follows the site's state
         self._frame: list[pc.Command] = []

@@ -33,7 +33,9 @@ the records stay buffered, so the next commit tries again.
 
 *Checkpoints* bound disk use and restart time: the node calls
 :meth:`Journal.checkpoint` when :attr:`Journal.needs_checkpoint` says the
-journal has grown ``checkpoint_bytes`` since the last one.  The snapshot is
+journal has grown ``checkpoint_bytes`` since the last one, or has grown at
+all over ``checkpoint_interval_s`` (a slow stream of small frames stays
+under the bytes for a long time, and a restart replays every frame).  The snapshot is
 written to a temporary file, synced, renamed and its directory synced;
 then the new segment is started and every older file deleted.  On disk
 there is then one checkpoint and the journal after it.
@@ -83,6 +85,7 @@ log = logging.getLogger("cluster.journal")
 
 __all__ = [
     "DEFAULT_CHECKPOINT_BYTES",
+    "DEFAULT_CHECKPOINT_INTERVAL_S",
     "DEFAULT_FSYNC",
     "FSYNC_POLICIES",
     "Journal",
@@ -104,6 +107,8 @@ FSYNC_POLICIES: Final = ("never", "batch")
 # (seconds), and a checkpoint costs a snapshot of the live state, which at
 # this size is written rarely enough not to matter.
 DEFAULT_CHECKPOINT_BYTES: Final = 64 << 20
+# Seconds after which a journal that grew at all checkpoints (0: bytes only).
+DEFAULT_CHECKPOINT_INTERVAL_S: Final = 300.0
 LOCK_FILE: Final = "journal.lock"
 TMP_SUFFIX: Final = ".tmp"
 DAMAGED_SUFFIX: Final = ".damaged"
@@ -234,11 +239,22 @@ class Journal:
     """A node's journal in one directory.  Open with :meth:`open`; see the
     module docstring for the guarantees."""
 
-    def __init__(self, directory: Path, fsync: str, checkpoint_bytes: int, lock_fd: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        fsync: str,
+        checkpoint_bytes: int,
+        lock_fd: int,
+        checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         # Use Journal.open(); this only sets fields.
         self.directory = directory
         self.fsync = fsync
         self.checkpoint_bytes = checkpoint_bytes
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self._clock = clock
+        self._checkpointed_at = clock()  # at open, or the last checkpoint
         self._lock_fd: int | None = lock_fd
         self._files = _Files([], None)
         self._fd: int | None = None  # the active (last) segment, for appending
@@ -265,6 +281,8 @@ class Journal:
         *,
         fsync: str = DEFAULT_FSYNC,
         checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES,
+        checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> Journal:
         """Open (creating it if needed) the journal in ``directory``.
 
@@ -278,7 +296,9 @@ class Journal:
             )
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        journal = cls(path, fsync, checkpoint_bytes, lock_directory(path))
+        journal = cls(
+            path, fsync, checkpoint_bytes, lock_directory(path), checkpoint_interval_s, clock
+        )
         try:
             journal._load()
         except BaseException:
@@ -465,8 +485,16 @@ class Journal:
 
     @property
     def needs_checkpoint(self) -> bool:
-        """Journal bytes since the last checkpoint are above ``checkpoint_bytes``."""
-        return self._since_checkpoint > self.checkpoint_bytes
+        """Journal bytes since the last checkpoint (or since open) are above
+        ``checkpoint_bytes``, or there are any and ``checkpoint_interval_s``
+        has passed."""
+        if self._since_checkpoint > self.checkpoint_bytes:
+            return True
+        return (
+            self.checkpoint_interval_s > 0
+            and self._since_checkpoint > 0
+            and self._clock() - self._checkpointed_at >= self.checkpoint_interval_s
+        )
 
     def checkpoint(self, state: SiteState) -> None:
         """Make ``state`` (at ``state.cseq``) the journal's base.
@@ -507,6 +535,7 @@ class Journal:
         self._next = cseq + 1
         self._since_checkpoint = 0
         self._checkpoint_time = time.time()
+        self._checkpointed_at = self._clock()
         self._start_segment(cseq + 1)
         _delete_except(self.directory, {path, self._files.chain[-1].path}, durable=durable)
         log.info("journal.checkpoint cseq=%d bytes=%d", cseq, ckpt.size)

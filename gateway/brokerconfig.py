@@ -29,6 +29,7 @@ from cluster.amqpauth import (
     load_users,
 )
 from cluster.durability import JournalSettings
+from cluster.journal import DEFAULT_CHECKPOINT_INTERVAL_S
 from cluster.node import DEFAULT_MAX_SITE_BYTES, BrokerConfig
 from filters.yamldoc import (
     Node,
@@ -179,13 +180,14 @@ def load_security(amqp: dict[str, Node], problems: Problems, *, path: str) -> Am
 
 
 def _load_journal(node: Node, problems: Problems, *, path: str) -> JournalSettings | None:
-    """``journal``: {directory, fsync: batch | never, checkpoint_bytes}."""
+    """``journal``: {directory, fsync: batch | never, checkpoint_bytes,
+    checkpoint_interval_s}."""
     fields = check_keys(
         node,
         problems,
         what="'journal'",
         required=("directory",),
-        optional=("fsync", "checkpoint_bytes"),
+        optional=("fsync", "checkpoint_bytes", "checkpoint_interval_s"),
     )
     if fields is None or "directory" not in fields:
         return None
@@ -213,4 +215,13 @@ def _load_journal(node: Node, problems: Problems, *, path: str) -> JournalSettin
             )
             or checkpoint_bytes
         )
-    return JournalSettings(directory, fsync, checkpoint_bytes)
+    interval_s = DEFAULT_CHECKPOINT_INTERVAL_S
+    if "checkpoint_interval_s" in fields:
+        seconds = expect_int(
+            fields["checkpoint_interval_s"],
+            problems,
+            what="'journal.checkpoint_interval_s' (0: checkpoint on bytes only)",
+            minimum=0,
+        )
+        interval_s = interval_s if seconds is None else float(seconds)
+    return JournalSettings(directory, fsync, checkpoint_bytes, interval_s)

@@ -116,6 +116,32 @@ def test_uncommitted_records_are_not_on_disk(tmp_path: Path) -> None:
     assert recovered(tmp_path).cseq == 3
 
 
+def test_a_journal_that_grew_checkpoints_once_its_interval_has_passed(tmp_path: Path) -> None:
+    """A slow stream of small frames stays far under checkpoint_bytes, and a
+    restart would replay every frame: the interval bounds that."""
+    now = [1000.0]
+    with Journal.open(tmp_path, checkpoint_interval_s=300, clock=lambda: now[0]) as journal:
+        site = genesis(journal)
+        journal.commit()
+        now[0] += 299
+        assert not journal.needs_checkpoint
+        now[0] += 1
+        assert journal.needs_checkpoint  # it grew (genesis) and 300 s passed
+        journal.checkpoint(site.state)
+        assert not journal.needs_checkpoint
+        now[0] += 600
+        assert not journal.needs_checkpoint, "nothing written since: nothing to replay"
+        site.publish(1)
+        journal.commit()
+        assert journal.needs_checkpoint
+    with Journal.open(tmp_path, checkpoint_interval_s=0, clock=lambda: now[0]) as journal:
+        site = Site(journal, journal.recover().state)  # type: ignore[union-attr]
+        site.publish(1)
+        journal.commit()
+        now[0] += 10**6
+        assert not journal.needs_checkpoint, "0: on bytes only"
+
+
 def test_many_records_across_checkpoints_recover_from_the_last(tmp_path: Path) -> None:
     with Journal.open(tmp_path, checkpoint_bytes=20_000) as journal:
         site = genesis(journal)

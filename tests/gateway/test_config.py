@@ -168,6 +168,14 @@ BROKER_MISTAKES = [
         ["missing key 'key' in 'amqp.tls'"],
     ),
     (
+        "negative checkpoint interval",
+        BROKER.replace("  key_file:", "  expect_brokers: 3\n  key_file:")
+        + "journal:\n  directory: j\n  checkpoint_interval_s: -5\n",
+        13,
+        26,
+        ["'journal.checkpoint_interval_s' (0: checkpoint on bytes only) must be at least 0"],
+    ),
+    (
         "YAML syntax error",
         BROKER + "amqp: [\n",
         11,
@@ -186,6 +194,18 @@ def test_broker_config_mistakes_name_file_line_column(
 ) -> None:
     path = write(tmp_path, "broker.yaml", text)
     assert_one_problem(load_broker_config, path, line, column, words)
+
+
+def test_the_journal_checkpoint_interval_is_read_and_defaults_to_five_minutes(
+    tmp_path: Path,
+) -> None:
+    journal = BROKER.replace("  key_file:", "  expect_brokers: 3\n  key_file:")
+    journal += "journal:\n  directory: j\n"
+    config = load_broker_config(str(write(tmp_path, "a.yaml", journal)))
+    assert config.journal is not None and config.journal.checkpoint_interval_s == 300.0
+    text = journal + "  checkpoint_interval_s: 60\n"
+    config = load_broker_config(str(write(tmp_path, "b.yaml", text)))
+    assert config.journal is not None and config.journal.checkpoint_interval_s == 60.0
 
 
 def test_the_embedded_bus_needs_a_key_file(tmp_path: Path) -> None:
