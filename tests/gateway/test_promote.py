@@ -42,6 +42,10 @@ def reconnects(two: TwoSites, site: str) -> float:
     return sum(metric(two, site, "drgate_link_reconnects_total", n) or 0 for n in two.nodes)
 
 
+def spool_last_seq(two: TwoSites, node: int) -> float:
+    return metric(two, "site-p", "drgate_spool_last_seq", node) or 0
+
+
 def publish(two: TwoSites, queue: str, count: int) -> int:
     popen = two.p.client_popen(1, "publish", two.p.amqp[1], queue, "--count", str(count))
     accepted: int = finish_client(popen)["accepted"]
@@ -132,9 +136,20 @@ def test_new_incarnation_is_refused_until_accepted(two: TwoSites) -> None:
     wait_for("D's full replica equals P's queue", lambda: converged(two))
     before = queues(two.d.describe(2))
 
+    # What P takes while the WAN is down stays unsent in its sidecars' spools.
+    two.wan_all("cut")
+    last = {n: spool_last_seq(two, n) for n in two.nodes}
+    assert publish(two, "q-full", 20) == 20
+    assert publish(two, "q-enq", 20) == 20
+    wait_for(
+        "every P sidecar spooled the 40 unsent publishes",
+        lambda: all(spool_last_seq(two, n) >= last[n] + 40 for n in two.nodes),
+    )
+
     # P restarts from nothing: a new bus and empty brokers, a new incarnation.
     # Its sidecars keep their spools, as an operator's would: a spool of the
-    # old incarnation is set aside at open, never replayed.
+    # old incarnation (the 40 unsent events with it) is set aside at open,
+    # never replayed.  The WAN's emulators restart with P, restored.
     two.p.stop()
     two.p.start()
     for n in two.nodes:
