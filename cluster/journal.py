@@ -485,16 +485,11 @@ class Journal:
 
     @property
     def needs_checkpoint(self) -> bool:
-        """Journal bytes since the last checkpoint (or since open) are above
-        ``checkpoint_bytes``, or there are any and ``checkpoint_interval_s``
-        has passed."""
+        """Over ``checkpoint_bytes`` since the last one, or any after ``checkpoint_interval_s``."""
         if self._since_checkpoint > self.checkpoint_bytes:
             return True
-        return (
-            self.checkpoint_interval_s > 0
-            and self._since_checkpoint > 0
-            and self._clock() - self._checkpointed_at >= self.checkpoint_interval_s
-        )
+        due = self._clock() - self._checkpointed_at >= self.checkpoint_interval_s
+        return self.checkpoint_interval_s > 0 and self._since_checkpoint > 0 and due
 
     def checkpoint(self, state: SiteState) -> None:
         """Make ``state`` (at ``state.cseq``) the journal's base.
