@@ -78,7 +78,7 @@ from cluster.webconfig import WebConfig
 from protocol import cluster as pc
 from protocol.amqpsections import with_broker_state
 from protocol.errors import DrgateError, RemoteProtocolError
-from protocol.modes import REPLICATE_ARG, Role, check_declare_args
+from protocol.modes import REPLICATE_ARG, Role, check_declare_args, declare_refused
 from protocol.values import Value
 
 log = logging.getLogger(__name__)
@@ -486,7 +486,7 @@ class BrokerNode(NullObserver):
             # that the client hears why, not that the queue does not exist.
             problem = check_declare_args(args)
             if problem is not None:
-                link.close("amqp:invalid-field", f"cannot declare queue {address!r}: {problem}")
+                link.close("amqp:invalid-field", declare_refused(address, problem))
                 return False
             await self.member.submit_and_wait(pc.QueueDeclare(address, args))
             if has_queue(self.member.state, address):

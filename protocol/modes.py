@@ -182,6 +182,11 @@ def flag_value(value: Any) -> bool | None:
     return None
 
 
+def declare_refused(queue: str, problem: str) -> str:
+    """The text a refused declare of ``queue`` gives its client (docs/broker.md)."""
+    return f"cannot declare queue {queue!r}: {problem}"
+
+
 def check_declare_args(args: Mapping[str, Any]) -> str | None:
     """What is wrong with a local declare's arguments, for a person; None if
     nothing is.  Stricter than :func:`from_args_mode`, which reads any value:

@@ -107,7 +107,7 @@ from protocol.cluster import (
     Unbind,
 )
 from protocol.errors import RemoteProtocolError
-from protocol.modes import check_declare_args
+from protocol.modes import check_declare_args, declare_refused
 
 Effects = list[Effect]
 
@@ -295,7 +295,7 @@ def _queue_declare(
             sender,
             Reason.INVALID_ARGUMENT,
             cmd.queue,
-            f"cannot declare queue {cmd.queue!r}: {problem}",
+            declare_refused(cmd.queue, problem),
         )
         return
     q = state.queues.get(cmd.queue)
