@@ -540,14 +540,17 @@ class SiteMember:
         if not cmd.final:
             return
         blob, self._recovery_chunks = b"".join(self._recovery_chunks), []
+        live_ready = self.state.ready  # the members of this bus, ready before the chunk
         self.state = st.restore_untrusted(blob)
         self.recovered = None
         # What a restart of the whole site does not keep goes here, at this
         # point of the stream, on every member alike; the state records it.
         self.recovery_dropped = take_recovery(self.state)
+        self.state.ready.update(live_ready)
         log.info(
             "recovery: site %s continues from node %d's journal at cseq %d (incarnation %#x); "
-            "transient state dropped: %d messages, queues %s, exchanges %s",
+            "transient state dropped: %d messages, queues %s, exchanges %s; %d messages that "
+            "consumers held before the restart are back in their queues",
             self.cluster,
             winner[0],
             self.state.cseq,
@@ -555,6 +558,7 @@ class SiteMember:
             sum(self.recovery_dropped.messages.values()),
             list(self.recovery_dropped.queues),
             list(self.recovery_dropped.exchanges),
+            sum(self.recovery_dropped.released.values()),
         )
         self._observer.after_restore()
 

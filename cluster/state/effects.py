@@ -144,7 +144,8 @@ class Dequeued:
 @dataclass(frozen=True, slots=True)
 class Released:
     """Messages acquired by ``session`` are available again (in place).
-    ``reason``: ``"release"``, ``"session_close"``, ``"member_left"``."""
+    ``reason``: ``"release"``, ``"session_close"``, ``"member_left"``,
+    ``"site_restart"``."""
 
     queue: str
     session: int

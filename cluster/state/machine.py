@@ -154,6 +154,18 @@ def members_left(state: SiteState, members: Iterable[Sender]) -> Effects:
     return eff
 
 
+def site_restarted(state: SiteState) -> Effects:
+    """The whole site restarted (a recovery from a journal): every session
+    ended with its connection, so close them all (releasing what they had
+    acquired, ``reason="site_restart"``) and forget every member's readiness.
+    Takes no cseq."""
+    eff: Effects = []
+    for sid in list(state.sessions):
+        _close_session(state, state.sessions.pop(sid), "site_restart", eff)
+    state.ready.clear()
+    return eff
+
+
 # --------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------

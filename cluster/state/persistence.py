@@ -40,6 +40,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from cluster.state.effects import Released
+from cluster.state.machine import site_restarted
 from cluster.state.model import Exchange, Queue, Recovery, SiteState
 from cluster.state.queues import drop_bindings_to, forget_hold, forget_reports
 from cluster.state.replica import replica_of
@@ -138,11 +140,14 @@ def _replicated_for_journal(state: SiteState, origin: str, cmd: pc.Command) -> p
 @dataclass(frozen=True, slots=True)
 class TransientDropped:
     """What :func:`drop_transient` removed: transient messages per queue that
-    stayed, and the non-durable queues and exchanges (with everything on them)."""
+    stayed, and the non-durable queues and exchanges (with everything on them);
+    after :func:`take_recovery`, also the messages per queue that consumers
+    of the old site held and that went back to their queues (``released``)."""
 
     messages: dict[str, int]
     queues: tuple[str, ...]
     exchanges: tuple[str, ...]
+    released: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.messages or self.queues or self.exchanges)
@@ -154,10 +159,21 @@ class TransientDropped:
 
 def take_recovery(state: SiteState) -> TransientDropped:
     """The site continues from ``state``, a broker journal's, at a whole-site
-    recovery: drop what does not survive the restart (:func:`drop_transient`)
-    and record the recovery in the state (:class:`Recovery`), at the same
-    stream point on every member."""
+    recovery: drop what does not survive the restart (:func:`drop_transient`),
+    end what the restart ended (every session of the old bus, what it held
+    back in its queue, and every member's readiness) and record the
+    recovery in the state (:class:`Recovery`), at the same stream point on
+    every member.
+
+    No member of the old bus is left to leave a view, so nothing else closes
+    those sessions: their messages would stay acquired, in the depth and
+    never delivered again."""
     dropped = drop_transient(state)
+    for effect in site_restarted(state):
+        if isinstance(effect, Released):
+            dropped.released[effect.queue] = dropped.released.get(effect.queue, 0) + len(
+                effect.positions
+            )
     state.recoveries.append(Recovery(len(state.recoveries) + 1, state.cseq, bool(dropped)))
     return dropped
 

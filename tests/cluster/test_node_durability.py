@@ -1,13 +1,15 @@
 """A broker node with a journal (cluster/node.py, cluster/durability.py):
 the AMQP header's ``durable`` reaches the state and comes back to a consumer;
 a transient publish is settled once applied, a persistent one only once the
-journal's commit covering it is done.
+journal's commit covering it is done; what a consumer held unsettled when the
+whole site went down is delivered again after its recovery.
 
 A real ``BrokerNode`` on the in-memory bus, Proton's blocking client in a
 worker thread; the journal's commit is held at a gate to tell the two apart."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -38,7 +40,7 @@ async def journaled_broker(
     config = BrokerConfig(
         cluster="site-p",
         node=1,
-        bus=BusConfig(backend="embedded", group="site-p", node=1),
+        bus=BusConfig(backend="embedded", group="site-p", node=1, expect_brokers=1),
         amqp=Address("127.0.0.1", 0),
         journal=JournalSettings(str(directory)),
     )
@@ -158,3 +160,54 @@ async def test_the_durable_header_reaches_the_state_and_comes_back_to_the_consum
                 conn.close()
 
         assert await in_thread(consume) == [("a", True), ("b", False)]
+
+
+async def test_what_a_consumer_held_when_the_site_went_down_is_delivered_after_the_recovery(
+    tmp_path: Path,
+) -> None:
+    # Chaos, CI (seed 596846293): D restarted whole while a consumer held 39
+    # messages; after the recovery they stayed acquired by that consumer's
+    # session of the old site, counted in the depth and never delivered.
+    directory = tmp_path / "journal"
+    held: list[BlockingConnection] = []
+    async with journaled_broker(directory) as (node, port, _gate):
+        await in_thread(lambda: declare(port, "keep", durable=True))
+        for body in ("a", "b"):
+            await in_thread(lambda body=body: send(port, "keep", body, durable=True))
+
+        def hold_two() -> list[str]:
+            # A short timeout: closing it once its broker is gone waits that long.
+            conn = BlockingConnection(f"amqp://127.0.0.1:{port}", timeout=1)
+            held.append(conn)
+            receiver = conn.create_receiver("keep", credit=2)
+            return [receiver.receive(timeout=TIMEOUT_S).body for _ in range(2)]
+
+        assert await in_thread(hold_two) == ["a", "b"]  # never settled
+        await wait_for(lambda: len(node.member.state.queues["keep"].acquired) == 2)
+        journal = node.durability.journal  # type: ignore[union-attr]
+        await wait_for(lambda: journal.durable_cseq >= node.member.state.cseq)  # on disk
+    with contextlib.suppress(Exception):  # its broker is gone
+        held[0].close()
+
+    async with journaled_broker(directory) as (node, port, _gate):
+        await wait_for(lambda: node.member.state.incarnation != 0)  # recovered
+        assert node.member.state.sessions == {}
+        me = node.member.me
+        assert me is not None and list(node.member.state.ready) == [(me.node, me.pid)]
+        await in_thread(lambda: send(port, "keep", "c", durable=True))
+
+        def consume_all() -> list[tuple[str, int]]:
+            conn = connect(port)
+            try:
+                receiver = conn.create_receiver("keep", credit=10)
+                got = []
+                for _ in range(3):
+                    message = receiver.receive(timeout=TIMEOUT_S)
+                    got.append((message.body, message.delivery_count))
+                    receiver.accept()
+                return got
+            finally:
+                conn.close()
+
+        # In order; the two that went out before the restart say so.
+        assert await in_thread(consume_all) == [("a", 1), ("b", 1), ("c", 0)]

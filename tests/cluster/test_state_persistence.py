@@ -213,3 +213,30 @@ def test_a_recovery_is_recorded_in_the_state_it_continues_from() -> None:
     assert s.recoveries == [st.Recovery(1, s.cseq - 1, True), st.Recovery(2, s.cseq, False)]
     take_recovery(twin)
     assert st.digest(twin) == st.digest(s)
+
+
+def test_the_recovery_returns_what_the_consumers_of_the_old_site_held() -> None:
+    # A whole-site restart ends every connection: no member of the old bus is
+    # left to leave the view, so nothing else closes its sessions.  Before
+    # the fix the journal's sessions stayed open after the recovery and their
+    # messages stayed acquired, counted in the depth and never delivered.
+    s = mixed_site()
+    st.apply(s, pc.SessionOpen(SID), sender=CLIENT)
+    st.apply(s, pc.Acquire("keep", SID, 0, 2), sender=CLIENT)
+    st.apply(s, pc.Acquire("last", SID, 0, 1), sender=CLIENT)
+    st.apply(s, pc.MemberReady(pc.Role.BROKER, CLIENT.node, CLIENT.pid), sender=CLIENT)
+    twin = st.restore_untrusted(st.snapshot(s))
+    dropped = take_recovery(s)
+    assert s.sessions == {}
+    assert dropped.released == {"keep": 1, "last": 1}  # keep's transient one is dropped
+    for name in ("keep", "last"):
+        q = s.queues[name]
+        assert q.acquired == {}
+        assert sorted(q.available) == sorted(q.messages)
+    counts = {
+        n: [m.delivery_count for m in s.queues[n].messages.values()] for n in ("keep", "last")
+    }
+    assert counts == {"keep": [1], "last": [1, 0]}  # went out and came back; never acquired
+    assert s.ready == {}  # the old members' readiness goes with them
+    take_recovery(twin)
+    assert st.digest(twin) == st.digest(s)
