@@ -328,6 +328,14 @@ class RuleSet:
                     return Drop("header", decision.rule_name, decision.rule_index, str(test))
         return decision
 
+    def forwards_every_message(self, queue: str, args: Mapping[str, Any] | None) -> bool:
+        """No message rule, size limit or drop can keep one of ``queue``'s
+        messages from D: its replica can be compared whole (verification)."""
+        entry = self._cache.get(queue)
+        if entry is None or entry[0] is not args:
+            entry = self._entry(queue, args)
+        return not entry[2] and not entry[3] and entry[1].max_size is None
+
     def forget_queue(self, queue: str) -> None:
         """Drop what is cached for ``queue`` (call it when the queue is deleted)."""
         self._cache.pop(queue, None)

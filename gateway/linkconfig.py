@@ -1,8 +1,9 @@
-"""The sidecar config's ``link:`` section: the WAN link's ack batching, window
-and heartbeat (:class:`LinkSettings`) and its YAML loader.
+"""The sidecar config's ``link:`` section: the WAN link's ack batching, window,
+heartbeat and verification period (:class:`LinkSettings`) and its YAML loader.
 
-P's egress uses ``window_bytes`` (proposed in HELLO) and ``heartbeat_ms`` /
-``heartbeat_timeout_ms``; D's ingress uses ``ack_events`` / ``ack_ms``
+P's egress uses ``window_bytes`` (proposed in HELLO), ``heartbeat_ms`` /
+``heartbeat_timeout_ms`` and ``verify_s`` (gateway/verification.py); D's
+ingress uses ``ack_events`` / ``ack_ms``
 (``qpid-route --ack N``'s counterpart), ``heartbeat_timeout_ms``, and grants
 the smaller of its own ``window_bytes`` and P's.  Both ends take the section;
 a key one end does not use is accepted there, so P and D can share a file.
@@ -38,7 +39,18 @@ MAX_WINDOW_BYTES: Final = 2**32 - 1
 # An ACK held longer than 10 s leaves P's window and spool waiting for nothing.
 MAX_ACK_MS: Final = 10_000
 MAX_HEARTBEAT_MS: Final = 600_000
-KEYS: Final = ("ack_events", "ack_ms", "window_bytes", "heartbeat_ms", "heartbeat_timeout_ms")
+KEYS: Final = (
+    "ack_events",
+    "ack_ms",
+    "window_bytes",
+    "heartbeat_ms",
+    "heartbeat_timeout_ms",
+    "verify_s",
+)
+# Continuous verification (gateway/verification.py): a comparison a minute
+# costs one digest of each full queue a minute; at most one a day.
+DEFAULT_VERIFY_S: Final = 60
+MAX_VERIFY_S: Final = 86_400
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +62,7 @@ class LinkSettings:
     window_bytes: int = DEFAULT_WINDOW_BYTES  # unacked event bytes in flight
     heartbeat_ms: int = DEFAULT_HEARTBEAT_MS  # P: a PING after this long without a frame
     heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS  # a peer silent this long is dead
+    verify_s: int = DEFAULT_VERIFY_S  # P: the sites compare their copies this often (0: never)
 
     def sender_config(
         self, origin: str, target: str, *, incarnation: int, epoch: int
@@ -90,6 +103,7 @@ def load_link_settings(node: Node, problems: Problems) -> LinkSettings:
           window_bytes: 8388608        # unacked bytes in flight (D grants min(P's, its own))
           heartbeat_ms: 5000           # P pings after this long without sending
           heartbeat_timeout_ms: 15000  # a peer silent this long is dead (> heartbeat_ms)
+          verify_s: 60                 # P: the sites compare their copies this often (0: never)
     """
     fields = check_keys(node, problems, what="'link'", optional=KEYS)
     if fields is None:
@@ -100,6 +114,7 @@ def load_link_settings(node: Node, problems: Problems) -> LinkSettings:
         "window_bytes": (MIN_WINDOW_BYTES, MAX_WINDOW_BYTES),
         "heartbeat_ms": (100, MAX_HEARTBEAT_MS),
         "heartbeat_timeout_ms": (200, MAX_HEARTBEAT_MS),
+        "verify_s": (0, MAX_VERIFY_S),
     }
     values: dict[str, int] = {}
     for key, (low, high) in limits.items():

@@ -412,6 +412,25 @@ def _sidecar_families(out: _Families, stats: SidecarStatistics) -> None:
         out.rows(_SPOOL_ROWS, stats.spool)
     if stats.dr is not None:
         out.rows(_DR_ROWS, stats.dr)
+        verify = stats.dr.verify
+        if verify is not None:
+            out.counter(
+                "drgate_verify_checks_total",
+                "D: replicas compared with P at a verification point",
+                verify.checks_total,
+            )
+            out.counter(
+                "drgate_verify_mismatches_total",
+                "D: comparisons that found a replica different from P",
+                verify.mismatches_total,
+            )
+            for queue, result in verify.queues.items():
+                out.gauge(
+                    "drgate_verify_mismatch",
+                    "D: 1 while the replica's last comparison with P found a difference",
+                    not result["ok"],
+                    queue=queue,
+                )
 
 
 class SnapshotCollector(Collector):

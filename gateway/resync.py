@@ -248,9 +248,9 @@ class AdminMember(NullObserver):
         """The site state (replaced on a rejoin: read it through here)."""
         return self.member.state
 
-    async def submit_and_wait(self, *commands: pc.Command) -> None:
-        """See :meth:`SiteMember.submit_and_wait`."""
-        await self.member.submit_and_wait(*commands)
+    async def submit_and_wait(self, *commands: pc.Command) -> int:
+        """See :meth:`SiteMember.submit_and_wait`: the cseq by which they were applied."""
+        return await self.member.submit_and_wait(*commands)
 
 
 @contextlib.asynccontextmanager

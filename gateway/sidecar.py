@@ -32,7 +32,6 @@ from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
 from cluster.member import BusOpener, NullObserver, SiteMember
 from cluster.state.effects import Effect
 from cluster.state.model import SiteState
-from cluster.statistics import BusSection
 from cluster.tls import TlsFiles, server_context
 from cluster.webconfig import WebConfig
 from filters.matcher import RuleSet
@@ -46,14 +45,9 @@ from gateway.roles import RoleSignal, SidecarRole, active_sidecar, role_of
 from gateway.ruleswatch import POLL_S as RULES_POLL_S
 from gateway.ruleswatch import RulesWatcher
 from gateway.spool import DEFAULT_SEGMENT_BYTES, Spool
-from gateway.statistics import (
-    ResyncSection,
-    RulesSection,
-    SidecarStatistics,
-    dr_section,
-    sidecar_statistics,
-)
+from gateway.statistics import SidecarStatistics, sidecar_snapshot
 from gateway.tap import ReplEvent, Tap
+from gateway.verification import Verifications, post_verify_points
 from protocol import cluster as pc
 from protocol import link
 from protocol.errors import DrgateError
@@ -126,6 +120,7 @@ class Sidecar(NullObserver):
         self.peers_watch = PeersWatcher(config) if config.primary and config.source else None
         self.spool: Spool | None = None
         self.roles = RoleSignal()
+        self.verifications = Verifications()  # D: the last comparison of each replica
         self._events: list[ReplEvent] = []  # tapped from the frame being applied
         self._resync_wanted = False  # a command of the frame goes by a resync
         self._was_minority = False
@@ -211,8 +206,10 @@ class Sidecar(NullObserver):
         if isinstance(cmd, pc.Durable):
             self._durable_advanced()  # held acks (D), or events held back (P), may go
         if not self.config.primary:
-            if own and self.capture is not None and isinstance(cmd, pc.Replicated):
-                self.capture.ingested(cmd, effects, self.state.cseq)
+            if isinstance(cmd, pc.Replicated):
+                self.verifications.record(effects)
+                if own and self.capture is not None:
+                    self.capture.ingested(cmd, effects, self.state.cseq)
             return
         if isinstance(cmd, pc.AckWatermark) and self.spool is not None and not own:
             if cmd.origin_cluster == self.config.site:
@@ -410,6 +407,13 @@ class Sidecar(NullObserver):
             if self.egress is not None:
                 nursery.start_soon(self.egress.serve)
                 nursery.start_soon(self._watch_rules)
+                if self.config.link.verify_s:
+                    nursery.start_soon(
+                        post_verify_points,
+                        self.member,
+                        self.config.link.verify_s,
+                        lambda: self.current_role() == SidecarRole.EGRESS,
+                    )
             else:
                 assert self.ingress is not None and self.config.listen is not None
                 listen = self.config.listen
@@ -457,47 +461,4 @@ class Sidecar(NullObserver):
 
     def statistics(self) -> SidecarStatistics:
         """The snapshot metrics and ``/status`` read (gateway/metrics.py)."""
-        membership = self.member.membership
-        role = self.current_role()
-        link_side = self.egress or self.ingress
-        assert link_side is not None
-        resync = link_side.status.resync
-        return sidecar_statistics(
-            site=self.config.site,
-            node=self.config.node,
-            role=role,
-            cseq=self.state.cseq,
-            bus=BusSection(
-                view_size=0 if membership is None else len(membership.members),
-                quorate=True if membership is None else membership.quorate,
-            ),
-            merge=self.state.counters,
-            last_error=(
-                self.minority_text_now()
-                if role == SidecarRole.MINORITY
-                else link_side.status.last_error
-                or self.tap.last_error
-                or self.rules_watch.problem
-                or (self.peers_watch.problem if self.peers_watch else "")
-            ),
-            rules=RulesSection(
-                version=self.tap.rules.rules_version,
-                failed_reloads_total=self.tap.rules_failures + self.rules_watch.failures,
-                file_problem=self.rules_watch.problem,
-                digest=self.tap.rules.digest,
-            ),
-            link=link_side.link_statistics(),
-            resync=ResyncSection(
-                active=resync.active,
-                total=resync.total,
-                progress_ratio=resync.progress_ratio,
-                bytes_total=resync.bytes_total,
-                messages=resync.messages,
-                chunks_done=resync.chunks_done,
-            ),
-            tap=self.tap.statistics() if self.egress is not None else None,
-            spool=None if self.spool is None else self.spool.statistics(),
-            dr=None
-            if self.ingress is None
-            else dr_section(self.state, peer_cluster=self.config.peer_cluster),
-        )
+        return sidecar_snapshot(self)

@@ -27,9 +27,12 @@ from typing import TYPE_CHECKING, Any
 from cluster.statistics import BusSection, NodeStatistics, StateTransferSection
 from gateway.recoverypoint import recovery_point
 from gateway.resync import origin_summary
+from gateway.roles import SidecarRole
+from gateway.verification import VerifySection
 
 if TYPE_CHECKING:
     from cluster.state.model import SiteState
+    from gateway.sidecar import Sidecar
     from gateway.spool import SpoolStatistics
     from protocol.link.receiver import ReceiverStatistics
     from protocol.link.sender import SenderStatistics
@@ -160,6 +163,8 @@ class DrSection:
     # D holds nothing of P, or was promoted over it.
     rpo_seconds: float | None = None
     rpo_events: int | None = None
+    # The last comparison of each replica with P (gateway/verification.py).
+    verify: VerifySection | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -286,7 +291,13 @@ def ingress_link_section(
     )
 
 
-def dr_section(state: SiteState, *, peer_cluster: str, now_us: int | None = None) -> DrSection:
+def dr_section(
+    state: SiteState,
+    *,
+    peer_cluster: str,
+    now_us: int | None = None,
+    verify: VerifySection | None = None,
+) -> DrSection:
     """D's view of the origins in ``state``; ``peer_cluster`` is P's site name
     (not promoted, epoch 0 while D holds nothing of it), whose recovery point
     at ``now_us`` (default: now) it reports."""
@@ -299,6 +310,7 @@ def dr_section(state: SiteState, *, peer_cluster: str, now_us: int | None = None
         origins={name: origin_summary(o, now_us) for name, o in state.origins.items()},
         rpo_seconds=rpo_seconds,
         rpo_events=rpo_events,
+        verify=verify,
     )
 
 
@@ -334,4 +346,56 @@ def sidecar_statistics(
         tap=tap,
         spool=None if spool is None else spool_section(spool),
         dr=dr,
+    )
+
+
+def sidecar_snapshot(sidecar: Sidecar) -> SidecarStatistics:
+    """``sidecar``'s snapshot, which metrics and ``/status`` read (gateway/metrics.py)."""
+    membership = sidecar.member.membership
+    role = sidecar.current_role()
+    link_side = sidecar.egress or sidecar.ingress
+    assert link_side is not None
+    resync = link_side.status.resync
+    return sidecar_statistics(
+        site=sidecar.config.site,
+        node=sidecar.config.node,
+        role=role,
+        cseq=sidecar.state.cseq,
+        bus=BusSection(
+            view_size=0 if membership is None else len(membership.members),
+            quorate=True if membership is None else membership.quorate,
+        ),
+        merge=sidecar.state.counters,
+        last_error=(
+            sidecar.minority_text_now()
+            if role == SidecarRole.MINORITY
+            else link_side.status.last_error
+            or sidecar.tap.last_error
+            or sidecar.rules_watch.problem
+            or (sidecar.peers_watch.problem if sidecar.peers_watch else "")
+        ),
+        rules=RulesSection(
+            version=sidecar.tap.rules.rules_version,
+            failed_reloads_total=sidecar.tap.rules_failures + sidecar.rules_watch.failures,
+            file_problem=sidecar.rules_watch.problem,
+            digest=sidecar.tap.rules.digest,
+        ),
+        link=link_side.link_statistics(),
+        resync=ResyncSection(
+            active=resync.active,
+            total=resync.total,
+            progress_ratio=resync.progress_ratio,
+            bytes_total=resync.bytes_total,
+            messages=resync.messages,
+            chunks_done=resync.chunks_done,
+        ),
+        tap=sidecar.tap.statistics() if sidecar.egress is not None else None,
+        spool=None if sidecar.spool is None else sidecar.spool.statistics(),
+        dr=None
+        if sidecar.ingress is None
+        else dr_section(
+            sidecar.state,
+            peer_cluster=sidecar.config.peer_cluster,
+            verify=sidecar.verifications.section(),
+        ),
     )

@@ -12,6 +12,7 @@ from typing import Any
 from cluster.statistics import NodeStatistics
 from gateway.metrics import RATE_COUNTERS
 from gateway.statistics import SidecarStatistics
+from gateway.verification import VerifySection
 
 
 def _plain(value: Any) -> Any:
@@ -78,6 +79,7 @@ def status_document(
         "rules_file_problem": rules.file_problem if rules else "",
         "rules_reload_failures": rules.failed_reloads_total if rules else None,
         "paused_queues": list(sidecar.tap.paused) if sidecar and sidecar.tap else None,
+        "verify": _verify(sidecar.dr.verify if sidecar and sidecar.dr else None),
         "bus": bus,
         "resync": resync,
         "journal": None if stats.journal is None else dataclasses.asdict(stats.journal),
@@ -86,3 +88,15 @@ def status_document(
         "last_error": stats.last_error,
     }
     return _plain(doc)  # type: ignore[no-any-return]
+
+
+def _verify(section: VerifySection | None) -> dict[str, Any] | None:
+    """D: the last comparison of each replica with P (gateway/verification.py)."""
+    if section is None:
+        return None
+    return {
+        "queues": section.queues,
+        "mismatched": section.mismatched,
+        "checks_total": section.checks_total,
+        "mismatches_total": section.mismatches_total,
+    }

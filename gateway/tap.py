@@ -22,6 +22,9 @@ bind / unbind    every mode but ``none`` (exchanges are always declared)
 publish          ``full``/``enqueue``: one ``Enqueue`` per routed queue, with
                  P's ``pos``; per-message rules may drop it (size, header)
 accept / purge   ``full`` only: a ``Dequeue`` of P's positions
+verify point     ``full``/``enqueue`` (every message forwarded): a ``Verify``
+                 of what the queue holds (depth and content digest) or
+                 received (its newest and last positions), for D to compare
 rules switch     applied at this cseq; for each queue whose mode changed to
                  anything but ``none``: its declare in the new mode, and when
                  it did not forward messages before (or goes ``enqueue`` to
@@ -161,6 +164,8 @@ class Tap:
                 items.append((Mode.WIRING, cmd))
         elif isinstance(cmd, pc.SetEpoch):
             self.epoch = state.epoch  # the events from here on carry it
+        elif isinstance(cmd, pc.VerifyPoint):
+            self._verify(state, items)
         elif isinstance(cmd, pc.RulesSwitch):
             before = self._modes(state)
             self._switch(state, cmd)
@@ -270,6 +275,23 @@ class Tap:
                     self._filtered(decision)
                     continue
                 items.append((decision.mode, pc.QueueDeclare(decision.target_name, dict(e.args))))
+
+    def _verify(self, state: SiteState, items: list[tuple[Mode, pc.Command]]) -> None:
+        """A verification point: what each queue D copies whole is, here and
+        now (docs/operations.md, "Verifying the copies").  A queue some of
+        whose messages the rules keep from D cannot be compared."""
+        for q in state.queues.values():
+            decision = self.rules.decisions.get(q.name)
+            if decision is None or decision.mode not in MESSAGE_MODES:
+                continue
+            if not self.rules.forwards_every_message(q.name, q.args):
+                continue
+            if decision.mode == Mode.FULL:
+                check = pc.Verify(decision.target_name, q.depth, digest=st.content_digest(q))
+            else:
+                newest = next(reversed(q.messages), 0)
+                check = pc.Verify(decision.target_name, newest_pos=newest, last_pos=q.next_pos - 1)
+            items.append((decision.mode, check))
 
     def _delete(self, effects: Sequence[Any], items: list[tuple[Mode, pc.Command]]) -> None:
         for e in effects:

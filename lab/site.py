@@ -357,15 +357,18 @@ class TwoSites(Started):
         spool_max_bytes: int | None = None,
         tls: bool = True,
         durable: bool = False,
+        verify_s: int | None = None,
     ) -> None:
         """``tls``: the link runs mutual TLS with certificates made in
         WORKDIR/tls (lab/certs.py), as a production pair would; False runs it
-        with ``insecure: true``."""
+        with ``insecure: true``.  ``verify_s``: the sites compare their copies
+        this often (the sidecars' ``link.verify_s``; None: its default)."""
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="twosites-"))
         self.tls = tls
         self._certs: dict[str, SiteCert] = {}
         self.bus = bus
         self.spool_max_bytes = spool_max_bytes
+        self.verify_s = verify_s
         self.labs: list[CorosyncSite] = []
         self._labs_up: set[str] = set()
         self.host = {"site-p": "127.0.0.1", "site-d": "127.0.0.1"}
@@ -526,6 +529,8 @@ class TwoSites(Started):
             port = self.d_listen.get(n, 0)  # a restarted sidecar keeps its port
             lines.append(f"listen: {self.node_address(site, n)}:{port}")
         lines += self._link_security(site)
+        if self.verify_s is not None:
+            lines.append(f"link:\n  verify_s: {self.verify_s}")
         if self.metrics:
             # A restarted sidecar keeps its port: a scraper keeps finding it.
             port = self.metrics_port.get((site.cluster, n), 0)

@@ -80,6 +80,8 @@ from protocol.durablecommands import pack_have_ranges as pack_have_ranges  # noq
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.modes import Mode, Role
 from protocol.values import ValueMap
+from protocol.verifycommands import Verify as Verify  # noqa: PLC0414
+from protocol.verifycommands import VerifyPoint as VerifyPoint  # noqa: PLC0414
 
 VERSION = 1
 """The bus frame version this code writes and reads.  A frame of any other
@@ -668,6 +670,8 @@ Command: TypeAlias = (
     | RecoveryChunk
     | ForceRecovery
     | JoinHave
+    | VerifyPoint
+    | Verify
 )
 
 if set(_CODECS) != {int(k) for k in Kind}:  # pragma: no cover - a kind without a command

@@ -90,6 +90,8 @@ class Kind(enum.IntEnum):
     JOIN_HAVE = 34
     MODIFY = 35
     ACQUIRE_MATCHING = 36
+    VERIFY_POINT = 37
+    VERIFY = 38
 
 
 class ExchangeType(enum.IntEnum):

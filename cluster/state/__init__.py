@@ -10,6 +10,7 @@ describes the rules as implemented.
 
 from __future__ import annotations
 
+from cluster.state.digests import content_digest, queue_digest
 from cluster.state.effects import (
     CONDITIONS,
     Conflict,
@@ -30,8 +31,9 @@ from cluster.state.effects import (
     ReplicatedOutcome,
     Sender,
     Settled,
+    Verified,
 )
-from cluster.state.machine import apply, apply_all, members_left, recovery_loses_history
+from cluster.state.machine import apply, apply_all, recovery_loses_history
 from cluster.state.merge import fenced, read_only_origin
 from cluster.state.model import (
     COUNTERS,
@@ -42,13 +44,13 @@ from cluster.state.model import (
     session_owner,
     topic_matches,
 )
+from cluster.state.sessions import members_left
 from cluster.state.snapshots import (
     DeltaSnapshot,
     ElidedBodyMismatch,
     delta_snapshot,
     digest,
     held_ranges,
-    queue_digest,
     restore,
     restore_untrusted,
     snapshot,
@@ -99,9 +101,11 @@ __all__ = [
     "Sender",
     "Settled",
     "SiteState",
+    "Verified",
     "applied",
     "apply",
     "apply_all",
+    "content_digest",
     "delta_snapshot",
     "digest",
     "fenced",

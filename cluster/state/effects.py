@@ -251,6 +251,20 @@ class GenesisApplied:
     accepted: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """A ``Verify`` of ``origin``'s stream compared this site's replica
+    ``queue`` (``mode``) with the origin's queue at origin cseq
+    ``origin_cseq``: ``ok``, or ``detail`` says what differs."""
+
+    origin: str
+    queue: str
+    mode: Mode
+    origin_cseq: int
+    ok: bool
+    detail: str
+
+
 Effect: TypeAlias = (
     Delivered
     | Enqueued
@@ -265,4 +279,5 @@ Effect: TypeAlias = (
     | Promoted
     | IncarnationAccepted
     | GenesisApplied
+    | Verified
 )

@@ -25,10 +25,8 @@ are decided in :mod:`cluster.state.merge`, their inner commands go through
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cluster.selector import SelectorError
@@ -45,7 +43,6 @@ from cluster.state.effects import (
     QueueDeclared,
     Reason,
     Refused,
-    Released,
     Sender,
     Settled,
 )
@@ -66,7 +63,7 @@ from cluster.state.queues import (
 from cluster.state.replica import replicated
 from cluster.state.resync import resync_apply, resync_commit, resync_stage
 from cluster.state.selection import matcher
-from protocol.amqpsections import merge_annotations_untrusted
+from cluster.state.sessions import close_session, release
 from protocol.cluster import (
     Accept,
     AcceptIncarnation,
@@ -105,8 +102,9 @@ from protocol.cluster import (
     StateChunk,
     Superseded,
     Unbind,
+    Verify,
+    VerifyPoint,
 )
-from protocol.errors import RemoteProtocolError
 from protocol.modes import check_declare_args, declare_refused
 
 Effects = list[Effect]
@@ -137,32 +135,6 @@ def apply_all(
     eff: Effects = []
     for command in commands:
         eff.extend(apply(state, command, sender=sender))
-    return eff
-
-
-def members_left(state: SiteState, members: Iterable[Sender]) -> Effects:
-    """A view change removed ``members``: close every session they owned
-    (releasing what those sessions had acquired, ``reason="member_left"``)
-    and forget their readiness.  Call it at the point of the stream where the
-    view change was delivered; it takes no cseq."""
-    gone = {(m.node, m.pid) for m in members}
-    eff: Effects = []
-    for sid in [s for s in state.sessions if session_owner(s) in gone]:
-        _close_session(state, state.sessions.pop(sid), "member_left", eff)
-    for key in [k for k in state.ready if k in gone]:
-        del state.ready[key]
-    return eff
-
-
-def site_restarted(state: SiteState) -> Effects:
-    """The whole site restarted (a recovery from a journal): every session
-    ended with its connection, so close them all (releasing what they had
-    acquired, ``reason="site_restart"``) and forget every member's readiness.
-    Takes no cseq."""
-    eff: Effects = []
-    for sid in list(state.sessions):
-        _close_session(state, state.sessions.pop(sid), "site_restart", eff)
-    state.ready.clear()
     return eff
 
 
@@ -200,72 +172,6 @@ def _read_only_text(queue: str, origin: str, what: str) -> str:
         f"replication is active, so it cannot {what}; to use it here, promote this site "
         f"over {origin!r} ({PROMOTE_HINT})"
     )
-
-
-def _release(
-    state: SiteState,
-    q: Queue,
-    s: Session,
-    positions: Sequence[int],
-    redelivered: bool,
-    reason: str,
-    eff: Effects,
-    modify: Modify | None = None,
-) -> None:
-    """``positions`` held by ``s`` go back to ``q`` in their place; with
-    ``redelivered`` each counts a failed delivery (it went out and came back
-    unsettled), with ``modify`` the consumer's ``modified`` outcome applies."""
-    held = s.acquired.get(q.name)
-    done: list[int] = []
-    if held is not None:
-        for pos in positions:
-            if pos in held:
-                consumer = held.pop(pos)
-                del q.acquired[pos]
-                if redelivered or modify is not None:
-                    msg = q.messages[pos]
-                    q.messages[pos] = _returned(msg, redelivered, modify, s.id, consumer)
-                q.make_available(pos)
-                done.append(pos)
-        if not held:
-            del s.acquired[q.name]
-    if len(done) != len(positions):
-        state.count("stale_settlements", len(positions) - len(done))
-    if done:
-        eff.append(Released(q.name, s.id, tuple(done), reason))
-
-
-def _returned(
-    msg: Message, failed: bool, modify: Modify | None, session: int, consumer: int
-) -> Message:
-    """``msg`` as a link hands it back: its delivery count raised when the
-    delivery failed, the link added to those it is kept from when the link
-    called it undeliverable-here, the outcome's annotations merged."""
-    count = msg.delivery_count + (1 if failed else 0)
-    refused = msg.refused
-    annotations = msg.annotations
-    if modify is not None:
-        if modify.undeliverable_here and (session, consumer) not in refused:
-            refused = (*refused, (session, consumer))
-        if modify.annotations:
-            # Encoded by the member that sent it; a damaged map changes
-            # nothing, on every member alike.
-            with contextlib.suppress(RemoteProtocolError):
-                annotations = merge_annotations_untrusted(annotations, bytes(modify.annotations))
-    return replace(msg, delivery_count=count, refused=refused, annotations=annotations)
-
-
-def _close_session(state: SiteState, s: Session, reason: str, eff: Effects) -> None:
-    for qname, held in list(s.acquired.items()):
-        q = state.queues.get(qname)
-        if q is not None:
-            _release(state, q, s, list(held), True, reason, eff)
-    s.acquired.clear()
-    # Its temporary queues (dynamic nodes) go with it.  A scan of the
-    # queues: sessions close once per connection, not per message.
-    owner = f"{s.id:#x}"
-    for q in [q for q in state.queues.values() if q.args.get(TEMPORARY_ARG) == owner]:
-        delete_queue(state, q, eff)
 
 
 def _temporary_problem(state: SiteState, cmd: QueueDeclare, sender: Sender | None) -> str | None:
@@ -658,13 +564,13 @@ def _accept(state: SiteState, cmd: Accept, sender: Sender | None, eff: Effects) 
 def _release_cmd(state: SiteState, cmd: Release, sender: Sender | None, eff: Effects) -> None:
     target = _settling(state, cmd)
     if target is not None:
-        _release(state, *target, cmd.positions, cmd.redelivered, "release", eff)
+        release(state, *target, cmd.positions, cmd.redelivered, "release", eff)
 
 
 def _modify(state: SiteState, cmd: Modify, sender: Sender | None, eff: Effects) -> None:
     target = _settling(state, cmd)
     if target is not None:
-        _release(state, *target, cmd.positions, cmd.delivery_failed, "release", eff, cmd)
+        release(state, *target, cmd.positions, cmd.delivery_failed, "release", eff, cmd)
 
 
 def _purge(state: SiteState, cmd: Purge, sender: Sender | None, eff: Effects) -> None:
@@ -703,7 +609,7 @@ def _session_close(
     if s is None:
         state.count("ignored")
         return
-    _close_session(state, s, "session_close", eff)
+    close_session(state, s, "session_close", eff)
 
 
 def _state_chunk(state: SiteState, cmd: StateChunk, sender: Sender | None, eff: Effects) -> None:
@@ -826,9 +732,14 @@ def _recovery_chunk(
 def _bare_replica_command(
     state: SiteState, cmd: Enqueue | Dequeue, sender: Sender | None, eff: Effects
 ) -> None:
-    # Enqueue and Dequeue only mean something inside Replicated (they carry
+    # Enqueue, Dequeue and Verify only mean something inside Replicated (they carry
     # origin positions); on their own they are ignored and counted.
     state.count("ignored")
+
+
+def _verify_point(state: SiteState, cmd: VerifyPoint, sender: Sender | None, eff: Effects) -> None:
+    # For the taps of this site (gateway/tap.py): nothing changes here.
+    return
 
 
 def _promote(state: SiteState, cmd: Promote, sender: Sender | None, eff: Effects) -> None:
@@ -928,6 +839,8 @@ _LOCAL: dict[type, Callable[[SiteState, Any, Sender | None, Effects], None]] = {
     ResyncCommit: resync_commit,
     Enqueue: _bare_replica_command,
     Dequeue: _bare_replica_command,
+    Verify: _bare_replica_command,
+    VerifyPoint: _verify_point,
     Promote: _promote,
     AcceptIncarnation: _accept_incarnation,
     AcceptPrimary: _accept_primary,

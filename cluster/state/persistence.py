@@ -41,10 +41,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from cluster.state.effects import Released
-from cluster.state.machine import site_restarted
 from cluster.state.model import Exchange, Queue, Recovery, SiteState
 from cluster.state.queues import drop_bindings_to, forget_hold, forget_reports
 from cluster.state.replica import replica_of
+from cluster.state.sessions import site_restarted
 from cluster.state.views import route
 from protocol import cluster as pc
 from protocol.modes import DURABLE_ARG, PERSIST_LAST_NODE_ARG, Mode, flag_value

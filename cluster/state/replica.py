@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cluster.state.digests import content_digest
 from cluster.state.effects import (
     Conflict,
     Dequeued,
@@ -22,6 +23,7 @@ from cluster.state.effects import (
     QueueDeclared,
     ReplicatedOutcome,
     Sender,
+    Verified,
 )
 from cluster.state.merge import admit, record_applied
 from cluster.state.model import (
@@ -43,6 +45,7 @@ from protocol.cluster import (
     QueueDelete,
     Replicated,
     Unbind,
+    Verify,
 )
 from protocol.modes import Mode
 
@@ -73,6 +76,9 @@ def replicated(state: SiteState, cmd: Replicated, sender: Sender | None, eff: Ef
         cmd.origin_time_us,
     )
     for mode, inner in zip(cmd.modes, cmd.commands, strict=False):
+        if isinstance(inner, Verify):
+            eff.append(verify(state, cmd.origin_cluster, cmd.origin_cseq, mode, inner))
+            continue
         handler = _REMOTE.get(type(inner))
         if handler is None:
             state.count("replicated_unsupported")
@@ -287,6 +293,45 @@ def _r_purge(state: SiteState, origin: str, mode: Mode, cmd: Purge, eff: Effects
     gone = purge_available(q)
     if gone:
         eff.append(Dequeued(q.name, tuple(gone), "purge"))
+
+
+def verify(state: SiteState, origin: str, origin_cseq: int, mode: Mode, cmd: Verify) -> Verified:
+    """Compare the replica ``cmd.queue`` with what ``origin``'s queue was at
+    ``origin_cseq`` (continuous verification): a ``full`` replica must hold
+    the same messages (depth and content digest), an ``enqueue`` one must have
+    received the origin's newest message and nothing it did not publish.
+    Changes nothing."""
+
+    def result(ok: bool, detail: str = "") -> Verified:
+        return Verified(origin, cmd.queue, mode, origin_cseq, ok, detail)
+
+    q = replica_of(state, origin, cmd.queue)
+    if q is None or q.replica is None:
+        return result(False, f"no replica of {origin!r} named {cmd.queue!r} here")
+    if q.replica.mode != mode:
+        return result(
+            False, f"replicated as {q.replica.mode.label} here, {mode.label} at {origin!r}"
+        )
+    if mode == Mode.FULL:
+        if q.depth != cmd.depth:
+            return result(False, f"{q.depth} messages here, {cmd.depth} at {origin!r}")
+        if content_digest(q) != cmd.digest:
+            return result(False, f"same depth ({q.depth}), different messages (content digest)")
+        return result(True)
+    received = q.replica.high_pos
+    if received < cmd.newest_pos:
+        return result(
+            False,
+            f"received up to origin position {received} here; {origin!r} still holds "
+            f"position {cmd.newest_pos}",
+        )
+    if received > cmd.last_pos:
+        return result(
+            False,
+            f"received up to origin position {received} here; {origin!r} published only "
+            f"up to {cmd.last_pos}",
+        )
+    return result(True)
 
 
 _REMOTE: dict[type, Callable[[SiteState, str, Mode, Any, Effects], None]] = {

@@ -381,34 +381,6 @@ def digest(state: SiteState) -> str:
     return hashlib.sha256(snapshot(state)).hexdigest()
 
 
-def queue_digest(state: SiteState, queue: str) -> str | None:
-    """sha256 (hex) of one queue's contents as another site would see them:
-    the queue name, then per message in FIFO order its identity position
-    (origin pos for a replicated message, else its pos), message id,
-    properties and body.  Acquisition, redelivery and arguments are left out,
-    so a ``full`` replica at D digests like P's queue.  None if no such queue.
-    """
-    q = state.queues.get(queue)
-    if q is None:
-        return None
-    h = hashlib.sha256()
-    out: list[bytes] = []
-    _str16(out, q.name)
-    for m in q.messages.values():
-        mid = m.message_id.encode("utf-8")
-        out.append(_MSG.pack(m.identity_pos, 0, 0 if m.properties is None else 1, len(mid)))
-        out.append(mid)
-        if m.properties is not None:
-            _map(out, m.properties)
-        out.append(_U32.pack(len(m.body)))
-        out.append(m.body)
-        if len(out) > 4096:
-            h.update(b"".join(out))
-            out.clear()
-    h.update(b"".join(out))
-    return h.hexdigest()
-
-
 # --------------------------------------------------------------------------
 # Reading (untrusted: a snapshot comes from another member over the bus)
 # --------------------------------------------------------------------------

@@ -157,12 +157,12 @@ def _up(args: argparse.Namespace, state_path: Path) -> int:
 
 
 def _status(state_path: Path) -> int:
-    from gateway.commands.status import TIMEOUT_S, _normalise, collect, render
+    from gateway.commands.status import TIMEOUT_S, collect, render, status_url
 
     state = _read_state(state_path)
     if not _pid_alive(int(state["pid"])):
         raise LabCommandError(f"the lab of {state_path} (pid {state['pid']}) is not running")
-    documents = collect([_normalise(u) for u in state["status"]], TIMEOUT_S)
+    documents = collect([status_url(u) for u in state["status"]], TIMEOUT_S)
     Console().print(render(documents))
     return 0
 

@@ -63,7 +63,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _normalise(url: str) -> str:
+def status_url(url: str) -> str:
+    """``url`` as a /status address (``host:port`` and a bare base URL are taken)."""
     url = url.strip().rstrip("/")
     if "://" not in url:
         url = "http://" + url
@@ -212,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         raise StatusError(
             "no sidecar to ask: give --url http://HOST:PORT (repeatable) or --targets FILE"
         )
-    urls = [_normalise(u) for u in urls]
+    urls = [status_url(u) for u in urls]
     if args.json:
         documents = collect(urls, args.timeout, args.site)
         json.dump(documents, sys.stdout, indent=2, sort_keys=True)

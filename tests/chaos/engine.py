@@ -23,6 +23,7 @@ checked.  No process and no namespace may be left after the sites stop.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import signal
@@ -64,6 +65,9 @@ D_CONSUMED = ("q-enq",)
 # reported stuck (CI's fresh seed; seed 2025 on corosync): about 10 s of flow.
 D_CONSUME_COUNT = 300
 SUPERVISE_TICK_S = 0.1
+# The sites compare their copies this often (link.verify_s): dozens of
+# comparisons in a run, each under whatever faults are on.
+VERIFY_S = 5
 # A client still running after this long is stuck (a batch takes BATCH_S):
 # killed, and named in the report.
 CLIENT_HANG_S = 45.0
@@ -320,7 +324,7 @@ class ChaosRun:
         self.rules.write_text(RULES.format(mode="full"))
         two = TwoSites(
             workdir=workdir / "lab", metrics=True, bus=opts.bus, durable=True, nodes=opts.nodes,
-            rules=self.rules,
+            rules=self.rules, verify_s=VERIFY_S,
         )  # fmt: skip
         self.two = two
         clients: Clients | None = None
@@ -567,7 +571,31 @@ class ChaosRun:
             self.report.accepted += sum(o == ACCEPTED for o in record.published.values())
         for problem in check(records):
             self.problem(problem)
+        self._check_verification()
         self.log(f"checked: {len(self.report.problems)} problem(s)")
+
+    def _check_verification(self) -> None:
+        """Continuous verification (every ``VERIFY_S``, under the faults) never
+        found a replica different from P's: no D sidecar logged one, in any of
+        its lives; and the sidecars running now made comparisons."""
+        two = self.two
+        differ: list[str] = []
+        checks = 0
+        for n in two.nodes:
+            log_path = two.d.procs[f"sidecar-{n}"].log_path
+            differ += [
+                line.strip()
+                for line in log_path.read_text(errors="replace").splitlines()
+                if "verify: replica" in line and " differs from " in line
+            ]
+            with contextlib.suppress(OSError, KeyError, TypeError):
+                checks += int(status(two, "site-d", n)["verify"]["checks_total"])
+        if differ:
+            self.problem(f"continuous verification found a difference ({len(differ)}): {differ[0]}")
+        elif checks == 0:
+            self.problem("continuous verification made no comparison at D")
+        self.log(f"continuous verification: {checks} comparisons at D's running sidecars, "
+                 f"{len(differ)} differences logged")  # fmt: skip
 
     def _held(
         self, site: BrokerSite

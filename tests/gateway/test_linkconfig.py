@@ -42,6 +42,8 @@ def test_link_values_reach_both_ends(tmp_path: Path) -> None:
         1.0,
         4.0,
     )
+    assert config.link.verify_s == 60  # the default
+    assert load_sidecar_config(str(with_link(tmp_path, "{verify_s: 0}"))).link.verify_s == 0
     receiver = config.link.receiver_config("d")
     assert (receiver.ack_every_events, receiver.ack_delay, receiver.heartbeat_timeout) == (
         50,
@@ -67,6 +69,8 @@ def test_link_values_reach_both_ends(tmp_path: Path) -> None:
             22,
             ["'link.heartbeat_timeout_ms' (15000) must be more than"],
         ),
+        ("{verify_s: -5}", 18, ["'link.verify_s' must be at least 0, got -5"]),
+        ("{verify_s: 90000}", 18, ["'link.verify_s' must be at most 86400"]),
     ],
 )
 def test_bad_link_values_name_the_key_the_place_and_the_fix(

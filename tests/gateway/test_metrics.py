@@ -95,6 +95,9 @@ def test_every_snapshot_field_becomes_a_metric_with_constant_labels() -> None:
         ("drgate_site_superseded", ()): 0,
         ("drgate_rpo_seconds", ()): 2.5,
         ("drgate_rpo_events", ()): 3,
+        ("drgate_verify_checks_total", ()): 4,
+        ("drgate_verify_mismatches_total", ()): 1,
+        ("drgate_verify_mismatch", (("queue", "orders"),)): 1,
         ("drgate_spool_bytes", ()): 800,
         ("drgate_spool_max_bytes", ()): 1000,
         ("drgate_spool_segments", ()): 2,
@@ -250,6 +253,8 @@ def test_status_document_fields() -> None:
     assert doc["rates"] == {"events_sent_per_second": 5.0}
     assert doc["last_error"] == ""
     assert (doc["partitioned"], doc["rpo_seconds"], doc["rpo_events"]) == (False, 2.5, 3)
+    assert doc["verify"]["mismatched"] == ["orders"]
+    assert (doc["verify"]["checks_total"], doc["verify"]["mismatches_total"]) == (4, 1)
     json.dumps(doc, allow_nan=False)  # plain JSON
 
 
@@ -301,6 +306,7 @@ def test_status_document_of_a_broker_field_for_field() -> None:
         "rules_file_problem": "",
         "rules_reload_failures": None,
         "paused_queues": None,
+        "verify": None,
         "bus": {"view_size": 2, "quorate": True, "members": 5},
         "resync": {},
         "merge": {"r7_fenced": 1},

@@ -13,6 +13,7 @@ all four modes at once.  After each scenario the invariants hold:
 from __future__ import annotations
 
 import functools
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -109,6 +110,17 @@ def test_every_mode_reaches_d_as_configured(two: TwoSites) -> None:
     assert p_status["role"] == "egress"
     assert status(two, "site-d", 1)["role"] == "ingress"
     wait_for("the lag falls to zero", lambda: status(two, "site-p", 1)["lag_events"] == 0)
+    # A comparison asked for now: D's replicas equal P's queues at its point.
+    d_urls = [f"--url={two.status_url('site-d', n)}" for n in two.nodes]
+    p_config = str(two.p.workdir / "sidecar-1.yaml")
+    done = two.p.drgate(1, "verify", "--config", p_config, *d_urls, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = done.stdout.splitlines()
+    assert said[0].startswith("verification point at cseq ")
+    verdict = json.loads(said[-1])
+    assert verdict["differ"] == [] and verdict["late"] == []
+    assert sorted(verdict["queues"]) == ["q-enq", "q-full"]
+    assert all(r["origin_cseq"] >= verdict["cseq"] > 0 for r in verdict["queues"].values())
 
 
 def test_full_replica_is_read_only_at_d(two: TwoSites) -> None:

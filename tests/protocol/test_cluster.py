@@ -75,6 +75,8 @@ simple_commands = st.one_of(
     st.builds(c.RecoveryChunk, u32, st.booleans(), bodies),
     st.builds(c.ForceRecovery, names, u64),
     st.builds(c.ResyncStage, names, u64, u64, u32, u32, bodies),
+    st.builds(c.VerifyPoint, u64),
+    st.builds(c.Verify, names, u64, u64, u64, names),
 )
 
 
@@ -213,6 +215,8 @@ SAMPLES: dict[str, c.Command] = {
     "join_have": c.JoinHave(
         2, 4711, 0x1122334455667788, 9000, c.pack_have_ranges({"orders": (3, 10_002)})
     ),
+    "verify_point": c.VerifyPoint(1_700_000_000_000_000),
+    "verify": c.Verify("orders", 2, 10_001, 10_002, "9f86d081884c7d659a2feaa0c55ad015"),
 }
 
 

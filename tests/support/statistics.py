@@ -14,6 +14,7 @@ from gateway.statistics import (
     SpoolSection,
     TapStatistics,
 )
+from gateway.verification import VerifySection
 
 
 def link(**fields: Any) -> LinkSection:
@@ -128,5 +129,16 @@ def full_snapshot() -> SidecarStatistics:
         state_transfer=StateTransferSection(count_total=1, seconds_total=1.5),
         last_error="",
         # A P sidecar has no dr section; set here so every metric is exported once.
-        dr=DrSection(promoted=False, epoch=1, origins={}, rpo_seconds=2.5, rpo_events=3),
+        dr=DrSection(
+            promoted=False,
+            epoch=1,
+            origins={},
+            rpo_seconds=2.5,
+            rpo_events=3,
+            verify=VerifySection(
+                {"orders": {"ok": False, "origin_cseq": 9, "detail": "2 messages here, 3 at P"}},
+                checks_total=4,
+                mismatches_total=1,
+            ),
+        ),
     )
