@@ -42,19 +42,24 @@ class StatusError(DrgateError):
     """drgate status was given nothing to ask."""
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
+def add_target_arguments(parser: argparse.ArgumentParser, whose: str = "a sidecar's") -> None:
+    """``--url`` (repeated) and ``--targets FILE``: the /status addresses to ask."""
     parser.add_argument(
         "--url",
         action="append",
         default=[],
         metavar="URL",
-        help="a sidecar's observability address, e.g. http://127.0.0.1:9464 (repeat)",
+        help=f"{whose} observability address, e.g. http://127.0.0.1:9464 (repeat)",
     )
     parser.add_argument(
         "--targets",
         metavar="FILE",
         help="a file with one URL per line ('#' starts a comment)",
     )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser)
     parser.add_argument("--site", help="show only the rows of this site")
     parser.add_argument("--watch", action="store_true", help="redraw every second")
     parser.add_argument("--json", action="store_true", help="print the documents as JSON")

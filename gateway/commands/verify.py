@@ -22,7 +22,13 @@ from typing import Any
 
 import trio
 
-from gateway.commands.status import TIMEOUT_S, collect, read_targets, status_url
+from gateway.commands.status import (
+    TIMEOUT_S,
+    add_target_arguments,
+    collect,
+    read_targets,
+    status_url,
+)
 from gateway.config import load_sidecar_config
 from gateway.netns import enter_bus_netns
 from gateway.resync import open_admin_member
@@ -36,14 +42,7 @@ POLL_S = 1.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--url",
-        action="append",
-        default=[],
-        metavar="URL",
-        help="a D sidecar's observability address, e.g. http://127.0.0.1:9465 (repeat)",
-    )
-    parser.add_argument("--targets", metavar="FILE", help="a file with one URL per line")
+    add_target_arguments(parser, "a D sidecar's")
     parser.add_argument(
         "--config",
         metavar="FILE",

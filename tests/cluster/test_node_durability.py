@@ -96,6 +96,20 @@ def send(port: int, queue: str, body: str, *, durable: bool, **properties: Any) 
         conn.close()
 
 
+def take(port: int, queue: str, count: int) -> list[Message]:
+    """Receive ``count`` messages of ``queue``, accepting each."""
+    conn = connect(port)
+    try:
+        receiver = conn.create_receiver(queue, credit=10)
+        got = []
+        for _ in range(count):
+            got.append(receiver.receive(timeout=TIMEOUT_S))
+            receiver.accept()
+        return got
+    finally:
+        conn.close()
+
+
 async def wait_for(check: Callable[[], bool]) -> None:
     """Poll the node's state (it has no event to wait on) up to a deadline."""
     with trio.fail_after(TIMEOUT_S):
@@ -146,20 +160,8 @@ async def test_the_durable_header_reaches_the_state_and_comes_back_to_the_consum
         props = [m.properties for m in messages(node, "keep")]
         assert props == [{pc.DURABLE_PROPERTY: True}, None]
 
-        def consume() -> list[tuple[str, bool]]:
-            conn = connect(port)
-            try:
-                receiver = conn.create_receiver("keep", credit=10)
-                got = []
-                for _ in range(2):
-                    message = receiver.receive(timeout=TIMEOUT_S)
-                    got.append((message.body, bool(message.durable)))
-                    receiver.accept()
-                return got
-            finally:
-                conn.close()
-
-        assert await in_thread(consume) == [("a", True), ("b", False)]
+        got = await in_thread(lambda: take(port, "keep", 2))
+        assert [(m.body, bool(m.durable)) for m in got] == [("a", True), ("b", False)]
 
 
 async def test_what_a_consumer_held_when_the_site_went_down_is_delivered_after_the_recovery(
@@ -196,18 +198,6 @@ async def test_what_a_consumer_held_when_the_site_went_down_is_delivered_after_t
         assert me is not None and list(node.member.state.ready) == [(me.node, me.pid)]
         await in_thread(lambda: send(port, "keep", "c", durable=True))
 
-        def consume_all() -> list[tuple[str, int]]:
-            conn = connect(port)
-            try:
-                receiver = conn.create_receiver("keep", credit=10)
-                got = []
-                for _ in range(3):
-                    message = receiver.receive(timeout=TIMEOUT_S)
-                    got.append((message.body, message.delivery_count))
-                    receiver.accept()
-                return got
-            finally:
-                conn.close()
-
+        got = await in_thread(lambda: take(port, "keep", 3))
         # In order; the two that went out before the restart say so.
-        assert await in_thread(consume_all) == [("a", 1), ("b", 1), ("c", 0)]
+        assert [(m.body, m.delivery_count) for m in got] == [("a", 1), ("b", 1), ("c", 0)]
