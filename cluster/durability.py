@@ -276,7 +276,8 @@ class NodeJournal:
     async def run(self) -> None:
         """Lazy commits, settlements, checkpoints, Durable reports; never
         returns.  Raises the :class:`~cluster.journal.JournalError` of a
-        failed commit."""
+        failed commit.  Closes the journal when it ends (cancelled: the
+        node stops), which releases the directory's lock."""
         self._committer.start()
         try:
             while True:
@@ -293,7 +294,7 @@ class NodeJournal:
                         raise error
                     self._after_commit(durable)
         finally:
-            self._committer.stop()
+            self.close()
 
     def _after_commit(self, durable: int) -> None:
         if self.journal.needs_checkpoint:

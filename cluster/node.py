@@ -228,13 +228,6 @@ class BrokerNode(NullObserver):
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         if self.durability is not None:
             self.durability.recover()
-        try:
-            await self._serve(task_status)
-        finally:
-            if self.durability is not None:
-                self.durability.close()  # its last commit, and the directory's lock
-
-    async def _serve(self, task_status: trio.TaskStatus[int]) -> None:
         async with trio.open_nursery() as nursery:
             if self.durability is not None:
                 nursery.start_soon(self.durability.run)
