@@ -297,9 +297,18 @@ class SiteMember:
                 task_status.started()
 
     async def submit(self, *commands: pc.Command) -> None:
-        """Queue commands for multicast; waits while the bus is backpressured."""
+        """Queue commands for multicast; waits while the bus is backpressured.
+        With room in the channel it does not yield: the commands a caller
+        submits in one pass (the publishes of one socket read) are all queued
+        before the multicaster runs, so they leave in one frame."""
         for cmd in commands:
-            await self._send.send(cmd)
+            await self._queue(cmd)
+
+    async def _queue(self, item: pc.Command | _Barrier | _Encoded) -> None:
+        try:
+            self._send.send_nowait(item)
+        except trio.WouldBlock:
+            await self._send.send(item)
 
     async def submit_and_wait(self, *commands: pc.Command) -> int:
         """Multicast ``commands`` and wait until they have come back on the
@@ -307,8 +316,8 @@ class SiteMember:
         the cseq by which they all were (the last command of their frame)."""
         barrier = _Barrier(_Applied())
         for cmd in commands:
-            await self._send.send(cmd)
-        await self._send.send(barrier)
+            await self._queue(cmd)
+        await self._queue(barrier)
         return await barrier.event.wait()
 
     async def submit_frames_and_wait(self, frames: Sequence[bytes]) -> int:
@@ -326,7 +335,7 @@ class SiteMember:
             return self.state.cseq
         done = _Applied()
         for i, frame in enumerate(joined):
-            await self._send.send(_Encoded(frame, done if i == len(joined) - 1 else None))
+            await self._queue(_Encoded(frame, done if i == len(joined) - 1 else None))
         return await done.wait()
 
     def post(self, cmd: pc.Command) -> None:

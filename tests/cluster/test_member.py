@@ -126,6 +126,24 @@ async def test_post_never_waits_and_what_it_spills_is_multicast_before_a_later_b
         assert sum(name.startswith("q") for name in member.state.queues) == count
 
 
+async def test_commands_submitted_in_one_pass_leave_in_one_frame() -> None:
+    # A broker submits each publish of a socket read with its own
+    # ``await submit``; they must not leave one frame each (every frame costs
+    # every member of the site a socket read, and the bus a write to each).
+    recorder = Recorder()
+    async with open_site() as (nursery, bus):
+        member = await start(nursery, bus, recorder)
+        with trio.fail_after(DEADLINE_S):
+            await member.submit_and_wait()  # its joining commands are applied
+        recorder.calls.clear()
+        for i in range(50):
+            await member.submit(pc.QueueDeclare(f"q{i}"))
+        with trio.fail_after(DEADLINE_S):
+            await member.submit_and_wait()
+        assert recorder.kinds().count("QueueDeclare") == 50
+        assert recorder.kinds().count("frame") == 1
+
+
 async def test_a_joiner_takes_a_snapshot_of_several_chunks() -> None:
     async with open_site() as (nursery, bus):
         a = await start(nursery, bus, NullObserver())
