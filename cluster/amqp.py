@@ -64,7 +64,8 @@ from cluster.amqpvalues import (
     str_keys,
     symbols,
 )
-from protocol.amqpsections import split_message_untrusted
+from cluster.siteview import plain
+from protocol.amqpsections import PublishFields, publish_fields_untrusted, split_message_untrusted
 from protocol.errors import DrgateError
 
 __all__ = [
@@ -376,31 +377,43 @@ class InboundDelivery:
 
     ``encoded`` is the message as the client sent it, checked by
     :func:`protocol.amqpsections.split_message_untrusted`: what the broker
-    stores and passes on, byte for byte.  ``message`` is Proton's decoding
-    of it, for the fields the broker reads (address, subject, id, durable,
-    application properties).  ``presettled`` is true when the client sent
-    it at-most-once; settling it then only frees it.
+    stores and passes on, byte for byte.  ``fields`` are what the broker
+    reads of it (durable, id, to, subject, application properties), read
+    from those bytes, or from Proton's decoding when a field has a type the
+    fast reading leaves to Proton; ``message`` is Proton's decoding, made
+    when first asked for (the admin requests' bodies).  ``presettled`` is
+    true when the client sent it at-most-once; settling it then only frees
+    it.
     """
 
-    __slots__ = ("_dlv", "_settled", "encoded", "link", "message", "presettled", "tag")
+    __slots__ = ("_dlv", "_message", "_settled", "encoded", "fields", "link", "presettled", "tag")
 
     def __init__(
         self,
         link: IncomingLink,
         dlv: Delivery,
-        message: Message,
-        encoded: bytes = b"",
+        encoded: bytes,
+        fields: PublishFields,
+        message: Message | None = None,
         *,
         presettled: bool,
     ) -> None:
         self.link = link
         self._dlv = dlv
-        self.message = message
         self.encoded = encoded
+        self.fields = fields
+        self._message = message
         tag = dlv.tag
         self.tag: bytes = tag.encode() if isinstance(tag, str) else bytes(tag)
         self.presettled = presettled
         self._settled = False
+
+    @property
+    def message(self) -> Message:
+        if self._message is None:
+            self._message = Message()
+            self._message.decode(self.encoded)
+        return self._message
 
     @property
     def settled(self) -> bool:
@@ -824,20 +837,23 @@ class AmqpConnection:
         data = bytes(link._receiver.recv(dlv.pending) or b"")
         presettled = bool(dlv.settled)
         link._receiver.advance()
-        msg = Message()
+        msg: Message | None = None
         try:
             # The strict walk first: it names what is wrong, and Proton's
             # decoder takes what it cannot represent (a second data
             # section, a footer) without a word.
-            split_message_untrusted(data)
-            msg.decode(data)
+            fields = publish_fields_untrusted(split_message_untrusted(data))
+            if fields is None:  # a field of a type only Proton reads
+                msg = Message()
+                msg.decode(data)
+                fields = fields_of_message(msg)
         except Exception as exc:  # ours, or Proton's MessageException or DataException
             if not presettled:
                 apply_outcome(dlv, Rejected("amqp:decode-error", f"undecodable message: {exc}"))
             dlv.settle()
             return
         self.statistics_messages_in += 1
-        delivery = InboundDelivery(link, dlv, msg, data, presettled=presettled)
+        delivery = InboundDelivery(link, dlv, data, fields, msg, presettled=presettled)
         await self._call(self._handler.on_message, link, delivery)
 
     async def _report_link_closed(self, link: OutgoingLink | IncomingLink) -> None:
@@ -848,6 +864,21 @@ class AmqpConnection:
             await self._handler.on_link_closed(link)
         except Exception:
             log.exception("amqp conn=%d handler on_link_closed failed", self.id)
+
+
+def fields_of_message(message: Message) -> PublishFields:
+    """The :class:`PublishFields` of a message Proton decoded."""
+    return PublishFields(
+        bool(message.durable),
+        "" if message.id is None else str(message.id),
+        message.address,
+        message.subject,
+        {str(k): plain(v) for k, v in _properties(message).items()},
+    )
+
+
+def _properties(message: Message) -> dict[Any, Any]:
+    return dict(message.properties or {})
 
 
 class _HandlerFailed(Exception):

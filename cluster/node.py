@@ -340,7 +340,7 @@ class BrokerNode(NullObserver):
                         if self.durability is None or not publish_persistent(
                             self.member.state,
                             effect.queues,
-                            {pc.DURABLE_PROPERTY: True} if delivery.message.durable else None,
+                            {pc.DURABLE_PROPERTY: True} if delivery.fields.durable else None,
                         ):
                             # Nothing of it survives a restart of the site:
                             # no disk to wait for (docs/broker.md "Durability").
@@ -667,12 +667,12 @@ class BrokerNode(NullObserver):
             delivery.settle(Rejected(MINORITY_CONDITION, self.minority_refusal()))
             link.flow(1)
             return
-        message = delivery.message
-        address = link.address or message.address or ""
+        fields = delivery.fields
+        address = link.address or fields.to or ""
         principal = link.connection.principal
         # Stored and passed on as the client sent it (docs/broker.md,
         # "Messages pass through unchanged").
-        body = delivery.encoded or bytes(message.encode())
+        body = delivery.encoded
         refusal = None
         if not principal.may_publish(address) and self._temporary.get(link) != address:
             refusal = Rejected(UNAUTHORIZED, self.unauthorized(principal, "publish", address))
@@ -683,17 +683,15 @@ class BrokerNode(NullObserver):
             link.flow(1)
             return
         if has_exchange(self.member.state, address) and not has_queue(self.member.state, address):
-            exchange, key = address, message.subject or ""
+            exchange, key = address, fields.subject or ""
         else:
             exchange, key = "", address
-        properties: dict[str, Value] = {}
-        if message.properties:
-            properties.update({str(k): plain(v) for k, v in message.properties.items()})
-        if message.subject:
-            properties.setdefault("subject", message.subject)
+        properties: dict[str, Value] = dict(fields.properties)
+        if fields.subject:
+            properties.setdefault("subject", fields.subject)
         # The header's durable, in the reserved key only the header sets.
         properties.pop(pc.DURABLE_PROPERTY, None)
-        if message.durable:
+        if fields.durable:
             properties[pc.DURABLE_PROPERTY] = True
         ref = next(self._refs)
         self._pending[ref] = delivery
@@ -704,7 +702,7 @@ class BrokerNode(NullObserver):
                 exchange,
                 key,
                 body,
-                "" if message.id is None else str(message.id),
+                fields.message_id,
                 properties,
                 ref,
             )

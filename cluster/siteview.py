@@ -62,7 +62,7 @@ def plain(value: Any) -> Value:
         return int(value)
     if isinstance(value, str):
         return str(value)
-    if isinstance(value, bytes):
+    if isinstance(value, bytes | memoryview):  # Proton decodes a binary as a memoryview
         return bytes(value)
     return str(value)
 

@@ -34,13 +34,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from protocol.errors import RemoteProtocolError
+from protocol.values import Value
 
 __all__ = [
     "MessageSections",
+    "PublishFields",
     "annotations_map_untrusted",
     "encode_annotations_map",
     "header_delivery_count_untrusted",
     "merge_annotations_untrusted",
+    "publish_fields_untrusted",
     "split_message_untrusted",
     "with_broker_state",
 ]
@@ -378,6 +381,163 @@ def _section_ends(starts: dict[str, int], bare_start: int, size: int) -> dict[st
     for i, name in enumerate(order):
         ends[name] = next(p for p in after[i + 1 :] if p >= 0)
     return ends
+
+
+# --------------------------------------------------------------------------
+# The fields a publish is routed and stored by
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PublishFields:
+    """What the broker reads of a publish: the header's durable, the
+    properties' message-id (as its text), to and subject, and the
+    application properties as bus values."""
+
+    durable: bool
+    message_id: str
+    to: str | None
+    subject: str | None
+    properties: dict[str, Value]
+
+
+# Application-property value constructors read here, by how: the rest
+# (char, uuid, decimals, described and compound values) is left to Proton.
+_SIGNED = {0x51: ">b", 0x61: ">h", 0x71: ">i", 0x54: ">b", 0x81: ">q", 0x55: ">b"}
+_UNSIGNED = {0x50: ">B", 0x60: ">H", 0x70: ">I", 0x52: ">B", 0x80: ">Q", 0x53: ">B", 0x83: ">q"}
+_FLOATS = {0x72: ">f", 0x82: ">d"}
+_NO_VALUE = object()
+
+
+def _simple(data: bytes, start: int, stop: int) -> object:
+    """The value at ``data[start:stop]`` as a bus value, or ``_NO_VALUE``
+    when its type is not one read here."""
+    code = data[start]
+    if code == 0x40:
+        return None
+    if code in (0x41, 0x42):
+        return code == 0x41
+    if code == 0x56:
+        return data[start + 1] != 0
+    if code in (0x43, 0x44):
+        return 0
+    fmt = _SIGNED.get(code) or _UNSIGNED.get(code) or _FLOATS.get(code)
+    if fmt is not None:
+        return struct.unpack_from(fmt, data, start + 1)[0]
+    if code in _STR or code in _SYM:
+        return data[start + (2 if code in (0xA1, 0xA3) else 5) : stop].decode()
+    if code in _VBIN:
+        return data[start + (2 if code == 0xA0 else 5) : stop]
+    return _NO_VALUE
+
+
+def _text(data: bytes, start: int, stop: int) -> str | None | object:
+    """A string (or null) field; ``_NO_VALUE`` for any other type."""
+    code = data[start]
+    if code == 0x40:
+        return None
+    if code in _STR:
+        return data[start + (2 if code == 0xA1 else 5) : stop].decode()
+    return _NO_VALUE
+
+
+def _end(data: bytes, pos: int) -> int:
+    """The end of the (already walked) value at ``pos``; -1 for a described
+    value.  No checks: :func:`split_message_untrusted` made them."""
+    code = data[pos]
+    width = _FIXED.get(code)
+    if width is not None:
+        return pos + 1 + width
+    high = code & 0xF0
+    if high in (0xA0, 0xC0, 0xE0):
+        return pos + 2 + data[pos + 1]
+    if high in (0xB0, 0xD0, 0xF0):
+        return pos + 5 + _U32.unpack_from(data, pos + 1)[0]
+    return -1
+
+
+def _items(data: bytes, pos: int, most: int) -> list[tuple[int, int]] | None:
+    """``(start, end)`` of the first ``most`` items of the list or map at
+    ``pos``; None when one is a described value."""
+    code = data[pos]
+    if code == 0x45:
+        return []
+    if code in (0xC0, 0xC1):
+        count, at = data[pos + 2], pos + 3
+    else:
+        count, at = _U32.unpack_from(data, pos + 5)[0], pos + 9
+    out = []
+    for _ in range(min(count, most)):
+        stop = _end(data, at)
+        if stop < 0:
+            return None
+        out.append((at, stop))
+        at = stop
+    return out
+
+
+def publish_fields_untrusted(sections: MessageSections) -> PublishFields | None:
+    """The :class:`PublishFields` of a message :func:`split_message_untrusted`
+    split, read from its bytes; ``None`` when a field has a type this does
+    not read (a message-id that is not a string, a header durable that is
+    not a boolean, an application property that is a char, uuid, decimal,
+    described or compound value, a key that is not a string): the caller
+    decodes that message with Proton instead, so the fields are the same
+    either way (tests/cluster/test_publish_fields.py compares them)."""
+    durable = False
+    header = sections.header
+    if header:
+        if header[1] != 0x53:
+            return None  # a descriptor in its long or symbolic form
+        items = _items(header, 3, 1)  # after the descriptor 0x00 0x53 0x70
+        if items is None:
+            return None
+        if items:
+            value = _simple(header, *items[0])
+            if not (value is None or isinstance(value, bool)):
+                return None
+            durable = bool(value)
+    fields: list[object] = [None, None, None]
+    properties: dict[str, Value] = {}
+    bare = sections.bare
+    at = 0
+    # The bare message's sections, each ``0x00 0x53 code value`` (split
+    # refused any other descriptor form here but the symbolic one).
+    while at < len(bare) and bare[at + 1] == 0x53:
+        code, value_at = bare[at + 2], at + 3
+        if code == PROPERTIES:
+            items = _items(bare, value_at, 4)
+            if items is None:
+                return None
+            for i, field in enumerate((0, 2, 3)):
+                if field < len(items):
+                    fields[i] = _text(bare, *items[field])
+            if _NO_VALUE in fields:
+                return None
+        elif code == APPLICATION_PROPERTIES:
+            items = _items(bare, value_at, 2**32)
+            if items is None:
+                return None
+            for (k0, k1), (v0, v1) in zip(items[0::2], items[1::2], strict=True):
+                key = _text(bare, k0, k1)
+                value = _simple(bare, v0, v1)
+                if not isinstance(key, str) or value is _NO_VALUE:
+                    return None
+                properties[key] = value  # type: ignore[assignment]
+        else:
+            break  # the body: nothing more the broker reads
+        at = _end(bare, value_at)
+    else:
+        if at < len(bare):
+            return None  # a section named by its symbol
+    message_id, to, subject = fields
+    return PublishFields(
+        durable,
+        "" if message_id is None else str(message_id),
+        to,  # type: ignore[arg-type]
+        subject,  # type: ignore[arg-type]
+        properties,
+    )
 
 
 # --------------------------------------------------------------------------
