@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test check-fast fuzz lint typecheck pytest deb venv clean bench-resync bench-journal \
-	bench-peer bench-cpu bench-durable bench-deliver bench-analysis chaos test-long
+	bench-peer bench-cpu bench-wan bench-durable bench-deliver bench-analysis chaos test-long
 
 demo: deb $(STAMP)
 	$(VENV)/bin/drgate demo
@@ -128,6 +128,11 @@ bench-peer: $(STAMP)
 PROFILE_DIR ?= /tmp/drgate-profile
 bench-cpu: $(STAMP)
 	$(PY) bench/e2e_bench.py --cpu-only --profile $(PROFILE_DIR)
+
+# The same burst of 2 KB messages at 25, 50 and 100 ms one way, in one run
+# (bench/e2e_bench.py --wan-delays; docs/performance.md; about 8 minutes).
+bench-wan: $(STAMP)
+	$(PY) bench/e2e_bench.py --wan-delays 25,50,100
 
 # One broker serving one consumer in one process: the delivery path's cost
 # (bench/broker_deliver.py; docs/performance.md).

@@ -48,6 +48,13 @@ Metrics cost: one burst of unpaced publishes on fresh sites with
 metrics off and on (``TwoSites(metrics=False|True)``); the ratio of delivered/s
 on to off.  Target >= 0.95.  One burst each is noisy on a shared machine:
 ``--bursts`` repeats them alternately and the medians are compared.
+
+A long WAN (``--wan-delays 25,50,100``, nothing else runs): the same unpaced
+burst (``--wan-burst`` messages of ``--wan-size`` bytes, 2,000 by default)
+through fresh 3 + 3 sites at each one-way delay, the delays alternating over
+``--wan-rounds``; delivered/s at D per delay and its ratio to the first
+delay's, and the lag above the delay.  The link's window (8 MiB) should make
+the delay irrelevant: target >= 0.9 at 100 ms of the 25 ms figure.
 """
 
 from __future__ import annotations
@@ -402,6 +409,46 @@ def run_cpu(workdir: Path, args: argparse.Namespace) -> None:
             print("\n" + table)
 
 
+def wan_delays(workdir: Path, delays: list[int], count: int, size: int, rounds: int) -> None:
+    """Issue 18, item 4: the same unpaced burst of ``count`` messages of
+    ``size`` bytes through fresh 3 + 3 sites at each one-way delay, in one
+    run, the delays alternating over ``rounds``; delivered/s at D (its first
+    to last receipt), its median per delay and its ratio to the first delay's,
+    and the lag above the delay."""
+    runs: dict[int, list[dict[str, Any]]] = {d: [] for d in delays}
+    for r in range(rounds):
+        for delay in delays:
+            label = f"wan-{delay}ms-{r}"
+            with TwoSites(delay_ms=delay, metrics=True, workdir=workdir / label) as two:
+                declare(two, QUEUE)
+                result = step(two, QUEUE, count, 0, f"w{delay}-", ("--size", str(size)))
+            if result["delivered"] < count:
+                raise RuntimeError(
+                    f"{delay} ms: {result['delivered']} of {count} delivered at D: "
+                    f"{result['errors']}; logs in {workdir / label}"
+                )
+            runs[delay].append(result)
+            print(
+                f"  {delay} ms one way, round {r + 1}: {result['delivered_per_s']:.0f}/s, "
+                f"lag p50 {result['p50_ms']:.0f} ms, p99 {result['p99_ms']:.0f} ms",
+                flush=True,
+            )
+    base = statistics.median(x["delivered_per_s"] for x in runs[delays[0]])
+    print(
+        f"\n{'one-way delay':>14} {'delivered/s':>12} {'ratio':>6} "
+        f"{'lag p50 - delay':>16} {'lag p99 - delay':>16}"
+    )
+    for delay in delays:
+        rate = statistics.median(x["delivered_per_s"] for x in runs[delay])
+        p50 = statistics.median(x["p50_ms"] for x in runs[delay]) - delay
+        p99 = statistics.median(x["p99_ms"] for x in runs[delay]) - delay
+        print(f"{delay:>11} ms {rate:>12.0f} {rate / base:>6.2f} {p50:>13.0f} ms {p99:>13.0f} ms")
+    print(
+        f"(median of {rounds} burst(s) of {count} x {size} B per delay; "
+        f"target: {delays[-1]} ms >= 0.9 x {delays[0]} ms)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--step", type=float, default=8.0, help="seconds per load step")
@@ -418,8 +465,21 @@ def main() -> int:
     parser.add_argument(
         "--profile", type=Path, default=None, help="py-spy egress, ingress, end brokers into DIR"
     )
+    parser.add_argument(
+        "--wan-delays",
+        default=None,
+        help="only compare bursts at these one-way delays in ms, e.g. 25,50,100",
+    )
+    parser.add_argument("--wan-burst", type=int, default=BURST)
+    parser.add_argument("--wan-size", type=int, default=2000, help="message bytes (WAN mode)")
+    parser.add_argument("--wan-rounds", type=int, default=2)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="e2e-bench-"))
+    if args.wan_delays:
+        delays = [int(d) for d in args.wan_delays.split(",")]
+        print(f"bursts at {delays} ms one way ...", flush=True)
+        wan_delays(workdir, delays, args.wan_burst, args.wan_size, args.wan_rounds)
+        return 0
     if args.cpu or args.cpu_only:
         run_cpu(workdir, args)
         if args.cpu_only:
