@@ -236,7 +236,9 @@ def process_roles(two: TwoSites) -> dict[str, tuple[str, int]]:
     return roles
 
 
-def cpu_burst(workdir: Path, nodes: int, count: int, profile: Path | None) -> dict[str, Any]:
+def cpu_burst(
+    workdir: Path, nodes: int, count: int, profile: Path | None, size: int = 0
+) -> dict[str, Any]:
     """One unpaced burst of ``count`` on fresh sites of ``nodes`` per site:
     delivered/s and µs CPU per delivered message of each process role;
     with ``profile``, py-spy records the egress and the ingress meanwhile."""
@@ -259,7 +261,7 @@ def cpu_burst(workdir: Path, nodes: int, count: int, profile: Path | None) -> di
             if not profiler.start():
                 profiler = None
         meter.start()
-        result = step(two, QUEUE, count, 0, "c")
+        result = step(two, QUEUE, count, 0, "c", ("--size", str(size)) if size else ())
         spent = meter.stop()
         files = profiler.stop() if profiler is not None else {}
     if result["delivered"] < count:
@@ -393,13 +395,13 @@ def run_cpu(workdir: Path, args: argparse.Namespace) -> None:
     results = []
     for nodes in sizes:
         print(f"CPU burst of {args.cpu_burst}, {nodes} node(s) per site ...", flush=True)
-        results.append(cpu_burst(workdir, nodes, args.cpu_burst, None))
+        results.append(cpu_burst(workdir, nodes, args.cpu_burst, None, args.cpu_size))
     print_cpu(results)
     if args.profile is None:
         return
     for nodes in sizes:
         print(f"\nprofile burst, {nodes} node(s) per site (py-spy) ...", flush=True)
-        done = cpu_burst(workdir, nodes, args.cpu_burst, args.profile)
+        done = cpu_burst(workdir, nodes, args.cpu_burst, args.profile, args.cpu_size)
         if not done["profiles"]:
             print("  no profile: py-spy not found (PATH or PY_SPY=...)")
             return
@@ -462,6 +464,7 @@ def main() -> int:
     parser.add_argument("--cpu-only", action="store_true", help="only the CPU bursts")
     parser.add_argument("--cpu-burst", type=int, default=CPU_BURST)
     parser.add_argument("--cpu-nodes", default="3,1", help="site sizes of the CPU bursts")
+    parser.add_argument("--cpu-size", type=int, default=0, help="message bytes (0: ~10)")
     parser.add_argument(
         "--profile", type=Path, default=None, help="py-spy egress, ingress, end brokers into DIR"
     )
