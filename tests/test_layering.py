@@ -36,7 +36,7 @@ IMPURE = frozenset({"socket", "asyncio", "time", "threading", "selectors", "subp
 LIBRARIES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "protocol": (frozenset({"construct", "zstandard", "crc32c"}), IMPURE),
     "filters": (frozenset({"yaml"}), IMPURE),
-    "cluster": (frozenset({"trio", "proton", "cffi", "argon2"}), frozenset()),
+    "cluster": (frozenset({"trio", "proton", "cproton", "cffi", "argon2"}), frozenset()),
     "gateway": (
         frozenset({"trio", "proton", "construct", "crc32c", "prometheus_client", "rich", "argon2"}),
         frozenset(),
