@@ -319,7 +319,12 @@ class SequencerServer:
         for conn in list(self._members.values()):
             assert conn.outbox_send is not None
             try:
-                await conn.outbox_send.send(frame)
+                # Without a checkpoint while the outbox has room: a frame
+                # goes to every member in one pass of the sequencer.
+                try:
+                    conn.outbox_send.send_nowait(frame)
+                except trio.WouldBlock:
+                    await conn.outbox_send.send(frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 # Its writer died (peer reset, killed): it leaves here, at one
                 # point of the order, whether or not its reader saw EOF yet.
