@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import cproton
 import proton
 from proton import Condition, Delivery
 
@@ -83,7 +84,10 @@ RELEASED = Released()
 def apply_outcome(dlv: Delivery, outcome: Outcome) -> None:
     """Set our local disposition on ``dlv`` (does not settle)."""
     if isinstance(outcome, Accepted):
-        dlv.update(Delivery.ACCEPTED)
+        # Proton's update first copies the local disposition's data,
+        # annotations and condition (three wrappers made and read); an
+        # accepted has none of them, and every publish is settled so.
+        cproton.pn_delivery_update(dlv._impl, cproton.PN_ACCEPTED)
     elif isinstance(outcome, Rejected):
         dlv.local.condition = Condition(outcome.condition, outcome.description or None)
         dlv.update(Delivery.REJECTED)
