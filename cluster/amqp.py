@@ -62,11 +62,12 @@ from cluster.amqpvalues import (
     Released,
     apply_outcome,
     data_to_py,
+    fields_of_message,
     remote_outcome,
     str_keys,
     symbols,
+    wrap,
 )
-from cluster.siteview import plain
 from protocol.amqpsections import PublishFields, publish_fields_untrusted, split_message_untrusted
 from protocol.errors import DrgateError
 
@@ -725,15 +726,13 @@ class AmqpConnection:
             return None
         kind = EventType.TYPES[cproton.pn_event_type(impl)]
         # Resolve what the event refers to before popping it (pop frees it).
-        pn_delivery: Delivery | None = _wrap(Delivery, cproton.pn_event_delivery(impl))
+        pn_delivery: Delivery | None = wrap(Delivery, cproton.pn_event_delivery(impl))
         pn_link: Link | None = (
-            pn_delivery.link
-            if pn_delivery is not None
-            else _wrap(Link, cproton.pn_event_link(impl))
+            pn_delivery.link if pn_delivery is not None else wrap(Link, cproton.pn_event_link(impl))
         )
         pn_session: proton.Session | None = None
         if kind in _SESSION_EVENTS:
-            pn_session = _wrap(proton.Session, cproton.pn_event_session(impl))
+            pn_session = wrap(proton.Session, cproton.pn_event_session(impl))
         self._collector.pop()
         return kind, pn_session, pn_link, pn_delivery
 
@@ -890,27 +889,6 @@ class AmqpConnection:
             await self._handler.on_link_closed(link)
         except Exception:
             log.exception("amqp conn=%d handler on_link_closed failed", self.id)
-
-
-def fields_of_message(message: Message) -> PublishFields:
-    """The :class:`PublishFields` of a message Proton decoded."""
-    return PublishFields(
-        bool(message.durable),
-        "" if message.id is None else str(message.id),
-        message.address,
-        message.subject,
-        {str(k): plain(v) for k, v in _properties(message).items()},
-    )
-
-
-def _wrap(cls: Any, impl: Any) -> Any:
-    """Proton's wrapper of class ``cls`` for the engine object ``impl``;
-    None for a null one (Proton's ``wrap`` is untyped)."""
-    return cls.wrap(impl)
-
-
-def _properties(message: Message) -> dict[Any, Any]:
-    return dict(message.properties or {})
 
 
 class _HandlerFailed(Exception):

@@ -11,7 +11,10 @@ from typing import Any
 
 import cproton
 import proton
-from proton import Condition, Delivery
+from proton import Condition, Delivery, Message
+
+from cluster.siteview import plain
+from protocol.amqpsections import PublishFields
 
 __all__ = [
     "ACCEPTED",
@@ -232,3 +235,24 @@ def selector_filter(filters: dict[str, Any]) -> str | None:
             f"source filters {keys} are all JMS selectors; give one (combine them with AND)",
         )
     return found[0][1] if found else None
+
+
+def fields_of_message(message: Message) -> PublishFields:
+    """The :class:`PublishFields` of a message Proton decoded."""
+    return PublishFields(
+        bool(message.durable),
+        "" if message.id is None else str(message.id),
+        message.address,
+        message.subject,
+        {str(k): plain(v) for k, v in _properties(message).items()},
+    )
+
+
+def wrap(cls: Any, impl: Any) -> Any:
+    """Proton's wrapper of class ``cls`` for the engine object ``impl``;
+    None for a null one (Proton's ``wrap`` is untyped)."""
+    return cls.wrap(impl)
+
+
+def _properties(message: Message) -> dict[Any, Any]:
+    return dict(message.properties or {})

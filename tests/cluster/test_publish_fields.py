@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as hs
 from proton import Message
 
-from cluster.amqp import fields_of_message
+from cluster.amqpvalues import fields_of_message
 from protocol.amqpsections import publish_fields_untrusted, split_message_untrusted
 
 _INT = hs.integers(-(2**63), 2**63 - 1)
