@@ -403,8 +403,10 @@ class PublishFields:
 
 # Application-property value constructors read here, by how: the rest
 # (char, uuid, decimals, described and compound values) is left to Proton.
-_SIGNED = {0x51: ">b", 0x61: ">h", 0x71: ">i", 0x54: ">b", 0x81: ">q", 0x55: ">b"}
-_UNSIGNED = {0x50: ">B", 0x60: ">H", 0x70: ">I", 0x52: ">B", 0x80: ">Q", 0x53: ">B", 0x83: ">q"}
+# byte, short, int, smallint, long, smalllong; timestamp (ms since the epoch)
+_SIGNED = {0x51: ">b", 0x61: ">h", 0x71: ">i", 0x54: ">b", 0x81: ">q", 0x55: ">b", 0x83: ">q"}
+# ubyte, ushort, uint, smalluint, ulong, smallulong
+_UNSIGNED = {0x50: ">B", 0x60: ">H", 0x70: ">I", 0x52: ">B", 0x80: ">Q", 0x53: ">B"}
 _FLOATS = {0x72: ">f", 0x82: ">d"}
 _NO_VALUE = object()
 
