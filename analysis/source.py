@@ -57,13 +57,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from analysis.scan import scan_segment
 from protocol.capture import (
     MAGIC,
     NO_RULE,
     RECORD_HEAD_FIELDS,
     RECORD_HEAD_SIZE,
     SegmentScan,
-    scan_segment_untrusted,
 )
 from protocol.errors import DrgateError
 from protocol.modes import Mode
@@ -285,7 +285,7 @@ def _read_batches(
         schema = arrow_schema()
     with fs.open_input_file(path) as fh:
         data = fh.read()
-    scan = scan_segment_untrusted(data)
+    scan = scan_segment(data)
     if scan.header is None or scan.records == 0:
         return
     kind_names = pa.array(_kind_names(), pa.string())

@@ -123,8 +123,8 @@ class RecordFlag(enum.IntFlag):
 
 
 _SEGMENT_FLAGS_KNOWN: Final = int(SegmentFlag.PAYLOADS)
-_RECORD_FLAGS_KNOWN: Final = int(RecordFlag.PAYLOAD | RecordFlag.RESYNC)
-_MODE_MAX: Final = max(Mode)
+RECORD_FLAGS_KNOWN: Final = int(RecordFlag.PAYLOAD | RecordFlag.RESYNC)
+MODE_MAX: Final = max(Mode)
 
 # --- wire definitions -------------------------------------------------------
 
@@ -506,9 +506,9 @@ def _check_record_length(body: bytes, offset: int) -> None:
 def _check_record_head(
     offset: int, mode: int, flags: int, payload_len: int, payloads: bool
 ) -> None:
-    if mode > _MODE_MAX:
+    if mode > MODE_MAX:
         raise _error(offset, f"unknown mode {mode}")
-    if flags & ~_RECORD_FLAGS_KNOWN:
+    if flags & ~RECORD_FLAGS_KNOWN:
         raise _error(offset, f"unknown record flags {flags:#x}")
     if flags & RecordFlag.PAYLOAD:
         if not payloads:
@@ -770,8 +770,8 @@ def scan_segment_untrusted(data: bytes) -> SegmentScan:
     append = offsets.append
     strings = scan.strings
     payloads = False
-    mode_max = int(_MODE_MAX)
-    flags_known = _RECORD_FLAGS_KNOWN
+    mode_max = int(MODE_MAX)
+    flags_known = RECORD_FLAGS_KNOWN
     while pos < size:
         if scan.trailer is not None:
             raise _error(pos, "bytes after the trailer")
