@@ -59,10 +59,19 @@ class _Irregular(Exception):
 
 def scan_segment(data: bytes) -> cap.SegmentScan:
     """:func:`protocol.capture.scan_segment_untrusted`, in bulk (see the module docstring)."""
+    return scan_segment_heads(data)[0]
+
+
+def scan_segment_heads(data: bytes) -> tuple[cap.SegmentScan, np.ndarray]:
+    """:func:`scan_segment` and every record's fixed head, one row of
+    ``RECORD_HEAD_SIZE`` bytes per record (C-contiguous, for a structured view)."""
     try:
         return _scan_bulk(data)
     except _Irregular:
-        return cap.scan_segment_untrusted(data)
+        scan = cap.scan_segment_untrusted(data)
+        buf = np.frombuffer(data, np.uint8)
+        offsets = np.frombuffer(scan.record_offsets, np.uint64).astype(np.int64)
+        return scan, buf[offsets[:, None] + np.arange(cap.RECORD_HEAD_SIZE)]
 
 
 def _u32_at(buf: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -71,7 +80,7 @@ def _u32_at(buf: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return values
 
 
-def _scan_bulk(data: bytes) -> cap.SegmentScan:
+def _scan_bulk(data: bytes) -> tuple[cap.SegmentScan, np.ndarray]:
     size = len(data)
     if size < cap.PREAMBLE_SIZE + _BLOCK_EXTRA:
         raise _Irregular  # at most a preamble: nothing to gain
@@ -80,7 +89,8 @@ def _scan_bulk(data: bytes) -> cap.SegmentScan:
     except RemoteProtocolError:
         raise _Irregular from None
     buf = np.frombuffer(data, np.uint8)
-    starts, lengths, pos = _walk(data, buf, cap.PREAMBLE_SIZE)
+    runs, pos = _walk(data, buf, cap.PREAMBLE_SIZE)
+    starts, lengths = _blocks(runs)
     if len(starts) == 0:
         raise _Irregular
     tags = buf[starts + 4]
@@ -109,7 +119,10 @@ def _scan_bulk(data: bytes) -> cap.SegmentScan:
             )
         )
     record_starts = starts[is_record] + _FRAME
-    _check_records(buf, record_starts, lengths[is_record], header.payloads, is_string, is_record)
+    heads = _heads(buf, runs, len(record_starts))[1:][is_record]
+    _check_records(
+        buf, heads, record_starts, lengths[is_record], header.payloads, is_string, is_record
+    )
     scan.record_offsets = array("Q", record_starts.astype(np.uint64).tobytes())
     if len(trailers):
         at = int(starts[-1])
@@ -120,7 +133,7 @@ def _scan_bulk(data: bytes) -> cap.SegmentScan:
         scan.complete = True
     else:
         scan.cut_at = pos
-    return scan
+    return scan, heads
 
 
 def _decode(decoder: Callable[[bytes], T], data: bytes, start: int, end: int) -> T:
@@ -130,8 +143,9 @@ def _decode(decoder: Callable[[bytes], T], data: bytes, start: int, end: int) ->
         raise _Irregular from None
 
 
-def _walk(data: bytes, buf: np.ndarray, pos: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Every whole block from ``pos``, CRCs checked: (starts, lengths, where they end).
+def _walk(data: bytes, buf: np.ndarray, pos: int) -> tuple[list[tuple[int, int, int]], int]:
+    """Every whole block from ``pos``, CRCs checked: runs of (start, blocks, body length)
+    of equal blocks, and where they end.
 
     Stops at the first block that is not whole (a cut segment); a block longer
     than ``MAX_BLOCK`` or a CRC that differs is irregular.
@@ -165,8 +179,13 @@ def _walk(data: bytes, buf: np.ndarray, pos: int) -> tuple[np.ndarray, np.ndarra
         _check_crcs(data, pos, count, length)
         runs.append((pos, count, length))
         pos += count * stride
+    return runs, pos
+
+
+def _blocks(runs: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The start and body length of every block of ``runs``."""
     if not runs:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), pos
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     first = np.array([r[0] for r in runs], np.int64)
     counts = np.array([r[1] for r in runs], np.int64)
     lengths = np.array([r[2] for r in runs], np.int64)
@@ -174,7 +193,33 @@ def _walk(data: bytes, buf: np.ndarray, pos: int) -> tuple[np.ndarray, np.ndarra
         np.cumsum(counts) - counts, counts
     )
     starts = np.repeat(first, counts) + index * np.repeat(lengths + _BLOCK_EXTRA, counts)
-    return starts, np.repeat(lengths, counts), pos
+    return starts, np.repeat(lengths, counts)
+
+
+def _heads(buf: np.ndarray, runs: list[tuple[int, int, int]], records: int) -> np.ndarray:
+    """The first ``RECORD_HEAD_SIZE`` body bytes of every block (zeros where the
+    body is shorter: such a block is no valid record), one row per block.
+
+    A run's blocks are evenly spaced, so its rows are one strided view of the
+    bytes and the copy is a memcpy per row, not an index per byte."""
+    size = cap.RECORD_HEAD_SIZE
+    if len(runs) > records // 4 + 2:  # short runs (payloads): one gather is cheaper
+        starts, lengths = _blocks(runs)
+        padded = np.concatenate([buf, np.zeros(size, np.uint8)])  # a short last block
+        rows: np.ndarray = padded[(starts + _FRAME)[:, None] + np.arange(size)]
+        rows[lengths < size] = 0
+        return rows
+    pieces = []
+    for pos, count, length in runs:
+        if length < size:
+            pieces.append(np.zeros((count, size), np.uint8))
+        else:
+            pieces.append(
+                np.lib.stride_tricks.as_strided(
+                    buf[pos + _FRAME :], (count, size), (length + _BLOCK_EXTRA, 1), writeable=False
+                )
+            )
+    return np.concatenate(pieces)
 
 
 def _check_crcs(data: bytes, pos: int, count: int, length: int) -> None:
@@ -193,6 +238,7 @@ _HEAD_TAIL: Final = cap.RECORD_HEAD_SIZE - 14  # rule_name u32 | kind | mode | r
 
 def _check_records(
     buf: np.ndarray,
+    heads: np.ndarray,
     starts: np.ndarray,
     lengths: np.ndarray,
     payloads: bool,
@@ -204,7 +250,7 @@ def _check_records(
         return
     if np.any(lengths < cap.RECORD_HEAD_SIZE):
         raise _Irregular
-    tail = buf[starts[:, None] + (_HEAD_TAIL + np.arange(14))]
+    tail = heads[:, _HEAD_TAIL:]
     rule_name = tail[:, 0:4].copy().view(_BE_U32)[:, 0].astype(np.int64)
     mode = tail[:, 5]
     flags = tail[:, 8]

@@ -57,7 +57,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from analysis.scan import scan_segment
+from analysis.scan import scan_segment_heads
 from protocol.capture import (
     MAGIC,
     NO_RULE,
@@ -285,24 +285,26 @@ def _read_batches(
         schema = arrow_schema()
     with fs.open_input_file(path) as fh:
         data = fh.read()
-    scan = scan_segment(data)
+    scan, head_rows = scan_segment_heads(data)
     if scan.header is None or scan.records == 0:
         return
     kind_names = pa.array(_kind_names(), pa.string())
     strings = pa.array(scan.strings, pa.string())
     buf = np.frombuffer(data, np.uint8)
     offsets = np.frombuffer(scan.record_offsets, np.uint64).astype(np.int64)
-    head_index = np.arange(RECORD_HEAD_SIZE, dtype=np.int64)
+    heads = head_rows.view(_HEAD_DTYPE)[:, 0]
     for first in range(0, len(offsets), batch_rows):
-        offs = offsets[first : first + batch_rows]
-        yield _batch(data, buf, offs, head_index, scan, name, schema, kind_names, strings, payloads)
+        part = slice(first, first + batch_rows)
+        yield _batch(
+            data, buf, offsets[part], heads[part], scan, name, schema, kind_names, strings, payloads
+        )
 
 
 def _batch(
     data: bytes,
     buf: np.ndarray,
     offs: np.ndarray,
-    head_index: np.ndarray,
+    heads: np.ndarray,
     scan: SegmentScan,
     path: str,
     schema: pa.Schema,
@@ -312,7 +314,6 @@ def _batch(
 ) -> pa.RecordBatch:
     header = scan.header
     assert header is not None
-    heads = buf[offs[:, None] + head_index].view(_HEAD_DTYPE)[:, 0]
     counts = heads["queue_count"].astype(np.int64)
     per_record = np.maximum(counts, 1)
     rows = int(per_record.sum())

@@ -31,8 +31,9 @@ from protocol.capture import CaptureRole, SegmentHeader, Stream
 from protocol.cluster import Kind
 from tests.analysis import twosite
 
-# make test-long: a Spark cluster's start and three jobs on it take minutes.
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration, pytest.mark.long]
+# The cluster's start and the audit on it run in CI (make test); the lag and
+# traffic jobs on it add a minute or more each and run with make test-long.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.integration]
 
 EVENTS = 3000  # 12.5 minutes of the run at 4 events/s: 75 windows of 10 s
 
@@ -88,7 +89,14 @@ def tables(directory: Path) -> dict[str, pd.DataFrame]:
 ran: dict[str, int] = {}
 
 
-@pytest.mark.parametrize(("job", "code"), [("audit", 1), ("lag", 0), ("traffic", 0)])
+@pytest.mark.parametrize(
+    ("job", "code"),
+    [
+        ("audit", 1),
+        pytest.param("lag", 0, marks=pytest.mark.long),
+        pytest.param("traffic", 0, marks=pytest.mark.long),
+    ],
+)
 def test_job_on_the_cluster_gives_the_local_tables(
     spark: Any, cluster: SparkCluster, collected: Path, tmp_path: Path, job: str, code: int
 ) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import random
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from protocol.capture import (
     CaptureRole,
     CaptureWriter,
     SegmentHeader,
+    SegmentScan,
     Stream,
     scan_segment_untrusted,
 )
@@ -49,6 +51,15 @@ def outcome(scan: object, data: bytes) -> object:
 
 def assert_same(data: bytes) -> None:
     assert outcome(bulk.scan_segment, data) == outcome(scan_segment_untrusted, data)
+
+
+def accepted(data: bytes) -> SegmentScan:
+    """The bulk path's own result (no fallback), its record heads checked too."""
+    scan, heads = bulk._scan_bulk(data)
+    offsets = np.frombuffer(scan.record_offsets, np.uint64).astype(np.int64)
+    whole = np.frombuffer(data, np.uint8)[offsets[:, None] + np.arange(RECORD_HEAD_SIZE)]
+    assert np.array_equal(heads, whole)
+    return scan
 
 
 def header_is_whole(data: bytes) -> bool:
@@ -84,7 +95,7 @@ def test_bulk_scan_agrees_on_whole_and_cut_segments(seg: Segment, data: st.DataO
     for piece in (whole, whole[:cut]):
         assert_same(piece)
         if header_is_whole(piece):  # well formed: the bulk path takes it itself
-            assert bulk._scan_bulk(piece) == scan_segment_untrusted(piece)
+            assert accepted(piece) == scan_segment_untrusted(piece)
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow], max_examples=100)
@@ -108,17 +119,17 @@ def test_bulk_scan_agrees_on_blocks_damaged_behind_good_crcs(data: bytes) -> Non
 @pytest.mark.parametrize("payload_every", [0, 1, 3])
 def test_long_runs_agree_whole_cut_and_damaged(payload_every: int) -> None:
     data = long_segment(2000, payload_every=payload_every)
-    assert bulk._scan_bulk(data) == scan_segment_untrusted(data)
+    assert accepted(data) == scan_segment_untrusted(data)
     assert scan_segment_untrusted(data).records == 2000
     rng = random.Random(payload_every)
     for cut in rng.sample(range(len(data)), 20):
-        assert bulk._scan_bulk(data[:cut]) == scan_segment_untrusted(data[:cut])
+        assert accepted(data[:cut]) == scan_segment_untrusted(data[:cut])
     for at in rng.sample(range(PREAMBLE_SIZE, len(data)), 30):
         damaged = bytearray(data)
         damaged[at] ^= 1 << rng.randrange(8)
         assert_same(bytes(damaged))
     open_segment = long_segment(1200, payload_every=payload_every, close=False)
-    assert bulk._scan_bulk(open_segment) == scan_segment_untrusted(open_segment)
+    assert accepted(open_segment) == scan_segment_untrusted(open_segment)
 
 
 @pytest.mark.parametrize(
