@@ -51,8 +51,9 @@ typecheck: $(STAMP)
 # contract, broker sites on loopback and the rhea interop suite; then the rest
 # one at a time (the e2e and corosync tests share the lab's namespaces and
 # its lock).  Tests marked `long` (see README.md: the corosync
-# variant of the two-site scenarios, a big resync, a Spark cluster, a
-# collected two-site audit) run with make test-long, outside CI's 45 minutes.
+# variant of the two-site scenarios, a big resync, the lag and traffic jobs on
+# a Spark cluster, a collected two-site audit) run with make test-long,
+# outside CI's 45 minutes.
 FAST_TESTS := not slow and not corosync and not e2e and not spark and not long
 PARALLEL_TESTS := not e2e and not corosync and not spark and not long
 pytest: $(STAMP) $(RHEA)

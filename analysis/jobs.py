@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -524,7 +525,10 @@ def run_job(
         raise CaptureSourceError(f"unknown job {job!r}; jobs: {', '.join(JOBS)}")
     check_captures(captures)
     step("reading captures")
+    # Every table is a Spark job of its own: read the segments once, keep the
+    # rows in memory (spilled to the executors' disks when they do not fit).
     df = spark.read.format("drgate-capture").load(str(captures))
+    df = df.persist(StorageLevel.MEMORY_AND_DISK)
     if job == "audit":
         tables = audit(df)
     elif job == "lag":
@@ -536,6 +540,7 @@ def run_job(
     for name, table in tables.items():
         step(f"computing {name}")
         frames[name] = table.toPandas()
+    df.unpersist()
     manifest = load_manifest(captures)
     if manifest is not None:
         frames = {
