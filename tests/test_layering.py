@@ -41,7 +41,10 @@ LIBRARIES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
         frozenset({"trio", "proton", "construct", "crc32c", "prometheus_client", "rich", "argon2"}),
         frozenset(),
     ),
-    "analysis": (frozenset({"pyspark", "pyarrow", "pandas", "numpy", "matplotlib"}), frozenset()),
+    "analysis": (
+        frozenset({"pyspark", "pyarrow", "pandas", "numpy", "matplotlib", "crc32c"}),
+        frozenset(),
+    ),
     "lab": (frozenset({"trio", "proton", "cryptography"}), frozenset()),
 }
 
