@@ -14,9 +14,12 @@ instead of a Python statement per check:
 * **CRCs per run.**  ``struct.iter_unpack`` cuts a run into the bytes each
   CRC covers, and ``map(crc32c, ...)`` checks them without a Python frame
   per block; numpy compares them with the stored CRCs.
-* **Record heads** (mode, flags, lengths, string ids) are checked as numpy
-  columns over every record at once; the few string blocks, the header and
-  the trailer are decoded one by one with protocol/capture's own decoders.
+* **Record heads** are copied out as one strided view per run (the blocks
+  of a run are evenly spaced) and checked as numpy columns (mode, flags,
+  lengths, string ids) over every record at once; the data source builds
+  its Arrow columns from the same rows.  The few string blocks, the header
+  and the trailer are decoded one by one with protocol/capture's own
+  decoders.
 
 The bulk path only ever *accepts*: anything it does not find well formed
 (a bad CRC, an unknown tag, a string id not yet defined, ...) makes it hand
