@@ -537,10 +537,12 @@ def run_job(
         tables = traffic(df, window_s)
     tables = {"segments": segments(df), **tables}
     frames = {}
-    for name, table in tables.items():
-        step(f"computing {name}")
-        frames[name] = table.toPandas()
-    df.unpersist()
+    try:
+        for name, table in tables.items():
+            step(f"computing {name}")
+            frames[name] = table.toPandas()
+    finally:
+        df.unpersist()
     manifest = load_manifest(captures)
     if manifest is not None:
         frames = {

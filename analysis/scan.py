@@ -77,7 +77,7 @@ def scan_segment_heads(data: bytes) -> tuple[cap.SegmentScan, np.ndarray]:
         return scan, buf[offsets[:, None] + np.arange(cap.RECORD_HEAD_SIZE)]
 
 
-def _u32_at(buf: np.ndarray, positions: np.ndarray) -> np.ndarray:
+def u32_at(buf: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """Big-endian u32 at each position of ``buf`` (int64 positions)."""
     values: np.ndarray = buf[positions[:, None] + np.arange(4)].view(_BE_U32)[:, 0]
     return values
@@ -170,7 +170,7 @@ def _walk(data: bytes, buf: np.ndarray, pos: int) -> tuple[list[tuple[int, int, 
             walk = max(walk - 1, 0)
         else:
             k = min(fits, window)
-            lens = _u32_at(buf, pos + stride * np.arange(k, dtype=np.int64))
+            lens = u32_at(buf, pos + stride * np.arange(k, dtype=np.int64))
             differs = np.flatnonzero(lens != length)
             count = int(differs[0]) if len(differs) else k
             if count == k:
@@ -275,6 +275,6 @@ def _check_records(
     if np.any(count):
         record = np.repeat(np.arange(len(starts)), count)
         within = np.arange(len(record), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
-        ids = _u32_at(buf, starts[record] + cap.RECORD_HEAD_SIZE + 4 * within).astype(np.int64)
+        ids = u32_at(buf, starts[record] + cap.RECORD_HEAD_SIZE + 4 * within).astype(np.int64)
         if np.any(ids >= defined[record]):
             raise _Irregular

@@ -57,7 +57,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from analysis.scan import scan_segment_heads
+from analysis.scan import scan_segment_heads, u32_at
 from protocol.capture import (
     MAGIC,
     NO_RULE,
@@ -324,8 +324,7 @@ def _batch(
     # queue ids: u32 big-endian right after the head
     qoff = offs[record] + RECORD_HEAD_SIZE + 4 * queue_index
     qoff = np.where(has_queue, qoff, 0)
-    qbytes = buf[qoff[:, None] + np.arange(4)].view(">u4")[:, 0]
-    queue = pc.take(strings, pa.array(qbytes.astype(np.int64), mask=~has_queue))
+    queue = pc.take(strings, pa.array(u32_at(buf, qoff).astype(np.int64), mask=~has_queue))
 
     def col(name: str, dtype: type = np.int64) -> np.ndarray:
         values: np.ndarray = heads[name].astype(dtype)[record]
