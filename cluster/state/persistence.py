@@ -41,6 +41,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from cluster.state.effects import Released
+from cluster.state.merge import read_only_origin
 from cluster.state.model import Exchange, Queue, Recovery, SiteState
 from cluster.state.queues import drop_bindings_to, forget_hold, forget_reports
 from cluster.state.replica import replica_of
@@ -57,6 +58,7 @@ __all__ = [
     "exchange_durable",
     "for_journal",
     "keeps_body",
+    "mark_possibly_delivered",
     "persistent",
     "publish_persistent",
     "queue_durable",
@@ -163,12 +165,14 @@ def take_recovery(state: SiteState) -> TransientDropped:
     end what the restart ended (every session of the old bus, what it held
     back in its queue, and every member's readiness) and record the
     recovery in the state (:class:`Recovery`), at the same stream point on
-    every member.
+    every member.  Every message that stays counts one delivery that may
+    have happened (:func:`mark_possibly_delivered`).
 
     No member of the old bus is left to leave a view, so nothing else closes
     those sessions: their messages would stay acquired, in the depth and
     never delivered again."""
     dropped = drop_transient(state)
+    mark_possibly_delivered(state)
     for effect in site_restarted(state):
         if isinstance(effect, Released):
             dropped.released[effect.queue] = dropped.released.get(effect.queue, 0) + len(
@@ -176,6 +180,23 @@ def take_recovery(state: SiteState) -> TransientDropped:
             )
     state.recoveries.append(Recovery(len(state.recoveries) + 1, state.cseq, bool(dropped)))
     return dropped
+
+
+def mark_possibly_delivered(state: SiteState) -> None:
+    """Raise the delivery count of every available message a consumer could
+    have taken (not in a read-only ``full`` replica): a journal holds what
+    its node applied up to its last commit, and a site that lost power may
+    have sent messages after it, acquired by commands no disk kept.  Their
+    next delivery must say it may be a duplicate (AMQP's delivery count); a
+    message never sent comes marked too, which only costs the consumer a
+    check.  The acquired ones count theirs when :func:`site_restarted`
+    releases them."""
+    for q in state.queues.values():
+        if read_only_origin(state, q) is not None:
+            continue
+        for pos, msg in q.messages.items():
+            if pos not in q.acquired:
+                q.messages[pos] = dataclasses.replace(msg, delivery_count=msg.delivery_count + 1)
 
 
 def drop_transient(state: SiteState) -> TransientDropped:

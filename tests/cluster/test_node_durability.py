@@ -2,10 +2,12 @@
 the AMQP header's ``durable`` reaches the state and comes back to a consumer;
 a transient publish is settled once applied, a persistent one only once the
 journal's commit covering it is done; what a consumer held unsettled when the
-whole site went down is delivered again after its recovery.
+whole site went down is delivered again after its recovery, and what it may
+have been sent after the last commit comes marked as possibly delivered.
 
 A real ``BrokerNode`` on the in-memory bus, Proton's blocking client in a
-worker thread; the journal's commit is held at a gate to tell the two apart."""
+worker thread; the journal's commit is held at a gate to tell the two apart,
+and a power cut is a commit that writes nothing from the cut on."""
 
 from __future__ import annotations
 
@@ -33,10 +35,12 @@ TIMEOUT_S = 20.0
 
 @asynccontextmanager
 async def journaled_broker(
-    directory: Path,
+    directory: Path, power_cut: threading.Event | None = None
 ) -> AsyncIterator[tuple[BrokerNode, int, threading.Event]]:
     """A one-node site with a journal; its commits wait for the yielded gate
-    once the broker serves (set it to let them through)."""
+    once the broker serves (set it to let them through).  Once ``power_cut``
+    is set, a commit writes nothing (the disk keeps what it had then), and
+    closing drops what was appended: the node stops as in a power loss."""
     config = BrokerConfig(
         cluster="site-p",
         node=1,
@@ -53,6 +57,8 @@ async def journaled_broker(
 
     def gated_commit() -> int:
         gate.wait(TIMEOUT_S)
+        if power_cut is not None and power_cut.is_set():
+            return journal.durable_cseq
         return commit()
 
     journal.commit = gated_commit  # type: ignore[method-assign]
@@ -201,3 +207,46 @@ async def test_what_a_consumer_held_when_the_site_went_down_is_delivered_after_t
         got = await in_thread(lambda: take(port, "keep", 3))
         # In order; the two that went out before the restart say so.
         assert [(m.body, m.delivery_count) for m in got] == [("a", 1), ("b", 1), ("c", 0)]
+
+
+async def test_what_went_out_after_the_last_commit_comes_marked_after_a_power_loss(
+    tmp_path: Path,
+) -> None:
+    # Chaos, CI (seed 1415117289): a P consumer received messages, then the
+    # whole site lost power before the commit of their acquisitions; the
+    # recovered site delivered them again with a delivery count of 0, though
+    # they may have been processed.  Nothing on disk says they went out, so
+    # after a power loss every recovered message may have.
+    directory = tmp_path / "journal"
+    power_cut = threading.Event()
+    held: list[BlockingConnection] = []
+    async with journaled_broker(directory, power_cut) as (node, port, _gate):
+        await in_thread(lambda: declare(port, "keep", durable=True))
+        for body in ("a", "b", "c"):
+            await in_thread(lambda body=body: send(port, "keep", body, durable=True))
+        journal = node.durability.journal  # type: ignore[union-attr]
+        await wait_for(lambda: journal.durable_cseq >= node.member.state.cseq)  # on disk
+        power_cut.set()  # from here the disk takes nothing
+
+        def hold_two() -> list[str]:
+            conn = BlockingConnection(f"amqp://127.0.0.1:{port}", timeout=1)
+            held.append(conn)
+            receiver = conn.create_receiver("keep", credit=2)
+            return [receiver.receive(timeout=TIMEOUT_S).body for _ in range(2)]
+
+        assert await in_thread(hold_two) == ["a", "b"]  # sent, never settled
+        assert journal.durable_cseq < node.member.state.cseq  # the acquisitions: not on disk
+    with contextlib.suppress(Exception):  # its broker is gone
+        held[0].close()
+
+    async with journaled_broker(directory) as (node, port, _gate):
+        await wait_for(lambda: node.member.state.incarnation != 0)  # recovered
+        await in_thread(lambda: send(port, "keep", "d", durable=True))
+        got = await in_thread(lambda: take(port, "keep", 4))
+        # What the site held at the cut may have gone out; what came after not.
+        assert [(m.body, m.delivery_count) for m in got] == [
+            ("a", 1),
+            ("b", 1),
+            ("c", 1),
+            ("d", 0),
+        ]

@@ -236,7 +236,29 @@ def test_the_recovery_returns_what_the_consumers_of_the_old_site_held() -> None:
     counts = {
         n: [m.delivery_count for m in s.queues[n].messages.values()] for n in ("keep", "last")
     }
-    assert counts == {"keep": [1], "last": [1, 0]}  # went out and came back; never acquired
+    # Went out and came back; never acquired, but may have gone out after the
+    # journal's last commit (a power loss): one possible delivery each, once.
+    assert counts == {"keep": [1], "last": [1, 1]}
     assert s.ready == {}  # the old members' readiness goes with them
     take_recovery(twin)
     assert st.digest(twin) == st.digest(s)
+
+
+def test_after_a_recovery_every_message_a_consumer_could_take_may_have_gone_out() -> None:
+    # Chaos, CI (seed 1415117289): messages sent after the journal's last
+    # commit came again unmarked after a power loss.
+    s = mixed_site()
+    before = {n: len(q.messages) for n, q in s.queues.items()}
+    take_recovery(s)
+    for name, q in s.queues.items():
+        assert [m.delivery_count for m in q.messages.values()] == [1] * len(q.messages), name
+    assert any(before.values())
+
+
+def test_a_read_only_full_replica_is_not_marked_at_d_own_recovery() -> None:
+    # No consumer can take from it until a promotion: nothing went out.
+    d, _cmd = dr_site()
+    take_recovery(d)
+    counts = {n: {m.delivery_count for m in q.messages.values()} for n, q in d.queues.items()}
+    assert counts["full-keep"] == counts["full-temp"] == {0}
+    assert counts["enq-keep"] == {1}
