@@ -44,19 +44,19 @@ import trio
 
 from cluster.addresses import Address
 from cluster.member import SiteMember
+from cluster.state.switchover import handed_over
 from gateway import resync as rs
+from gateway.ackwatermark import WatermarkAnnouncer
 from gateway.capture import CaptureSink
-from gateway.content import MESSAGE_MODES
 from gateway.linkconnect import describe_error, link_error_in, tls_refusal_reason
 from gateway.linkstatus import LinkStatus
 from gateway.roles import RoleSignal, SidecarRole
 from gateway.spool import Spool
 from gateway.statistics import LinkSection, egress_link_section
+from gateway.supersession import handed_over_text, post_superseded
 from gateway.tap import Tap
-from protocol import cluster as pc
 from protocol import link
 from protocol.errors import DrgateError, LinkError
-from protocol.modes import Mode
 
 if TYPE_CHECKING:
     from gateway.sidecar import SidecarConfig
@@ -67,8 +67,8 @@ log = logging.getLogger("drgate.sidecar")
 # site's worth of reconnects does not arrive in step.
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 5.0
-# The standbys trim by the announced watermark; once a second is plenty.
-WATERMARK_INTERVAL_S = 1.0
+# How often a parked egress (its site handed over) looks for a failback.
+HANDED_OVER_POLL_S = 1.0
 # Bytes of spool read per replay step.
 REPLAY_BYTES = 1 << 20
 READ_BYTES = 1 << 16
@@ -122,8 +122,7 @@ class Egress:
         self._resync_requested = False  # resync on the link that is up
         self.gaps = 0  # gaps D reported
         self._sender_stats: link.SenderStatistics | None = None
-        self._last_watermark = -WATERMARK_INTERVAL_S
-        self._announced = 0  # the last watermark posted
+        self._watermark = WatermarkAnnouncer(member, config.site)
         self._waiting: trio.CancelScope | None = None
         self._woken = False
         self.peers = config.peers  # D's sidecars, in order (set_peers)
@@ -156,6 +155,10 @@ class Egress:
             if role != SidecarRole.EGRESS:
                 self.status.state = "minority" if role == SidecarRole.MINORITY else "down"
                 await self._roles.wait()
+                continue
+            if handed_over(self.member.state):
+                self._parked()
+                await trio.sleep(HANDED_OVER_POLL_S)
                 continue
             peers = self.peers  # re-read at each attempt (set_peers)
             peer = peers[index % len(peers)]
@@ -221,28 +224,19 @@ class Egress:
             )
 
     def _superseded(self, error: str) -> None:
-        """D was promoted over this site: unless the zombie guard is off, every
-        broker of the site refuses publishes to the guarded queues from now
-        on (they could never reach D), until ``drgate epoch --set``."""
+        """D was promoted over this site (gateway/supersession.py)."""
         state = self.member.state
-        if self.config.zombie_guard == "off" or state.superseded_by:
+        if state.superseded_by:
             return
-        modes = (Mode.FULL,) if self.config.zombie_guard == "full" else MESSAGE_MODES
-        guarded = {
-            name: None
-            for name, decision in self.tap.rules.decisions.items()
-            if decision.mode in modes and name in state.queues
-        }
-        self.member.post(pc.Superseded(self.config.peer_cluster, _now_us(), guarded))
-        log.error(
-            "egress: %s was promoted over %s: %s. Zombie guard (%s): publishes to %d "
-            "queues are refused from now on",
-            self.config.peer_cluster,
-            self.config.site,
-            error,
-            self.config.zombie_guard,
-            len(guarded),
-        )
+        if self.config.zombie_guard != "off" or state.switchover_to == self.config.peer_cluster:
+            post_superseded(self.member, self.config, self.tap.rules, error)
+
+    def _parked(self) -> None:
+        """This site handed its role over in a planned switchover: D is the
+        primary, not a second one, so the egress does not dial it (a refused
+        HELLO would tell D of a split brain) until a failback sets a new epoch."""
+        self.status.state = "refused"
+        self.status.last_error = handed_over_text(self.config.site, self.member.state)
 
     def _spool_now(self) -> Spool:
         spool = self._spool()
@@ -287,7 +281,7 @@ class Egress:
                 self._sender_stats = sender.statistics()
                 if self.capture is not None:
                     self.capture.forwarded_sent(sender, self._sender_stats)
-                deadline = self._watermark_due(sender.tick(trio.current_time()))
+                deadline = self._watermark.due(self.acked_seq, sender.tick(trio.current_time()))
                 if self._woken or self._has_more(session):
                     await trio.lowlevel.checkpoint()
                     continue
@@ -400,7 +394,7 @@ class Egress:
     def _acked_up_to(self, seq: int) -> None:
         self.acked_seq = seq
         self._spool_now().trim(seq)
-        self._announce_watermark()
+        self._watermark.announce(self.acked_seq)
 
     def _begin_resync(self, session: _Session, resume: int) -> int:
         """Start a resync snapshot cut at the current cseq; returns the cut.
@@ -451,28 +445,6 @@ class Egress:
         progress.bytes_total += len(chunk)
         progress.chunks = stream.chunks_done
         progress.messages_done = stream.messages_done
-
-    def _announce_watermark(self) -> None:
-        """Tell the standbys how far D acked: at most once a second, and the
-        last ack of a burst once that second has passed (:meth:`_watermark_due`)."""
-        now = trio.current_time()
-        if self.acked_seq == self._announced or now - self._last_watermark < WATERMARK_INTERVAL_S:
-            return
-        self._last_watermark = now
-        self._announced = self.acked_seq
-        state = self.member.state
-        self.member.post(
-            pc.AckWatermark(self.config.site, state.incarnation, self.acked_seq, _now_us())
-        )
-
-    def _watermark_due(self, deadline: float | None) -> float | None:
-        """``deadline``, or sooner when an ack waits to be announced (which
-        this announces once it is due)."""
-        self._announce_watermark()
-        if self.acked_seq == self._announced:
-            return deadline
-        due = self._last_watermark + WATERMARK_INTERVAL_S
-        return due if deadline is None else min(deadline, due)
 
     # ------------------------------------------------------------------
 

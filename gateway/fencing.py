@@ -56,6 +56,15 @@ def refusal(state: SiteState, *, site: str, hello: link.Hello) -> Refusal | None
     if origin is None:
         return None
     peer = hello.origin_cluster
+    if origin.promoted and peer in state.handovers:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(origin.promoted_time_us / 1e6))
+        text = (
+            f"{peer} handed over to {site} in a planned switchover at {when} (epoch "
+            f"{origin.epoch}): {site} is the primary and takes no stream from {peer}. To make "
+            f"{peer} the primary again: 'drgate failback --config <a {site} sidecar's config>' "
+            f"at {site}, then the command it prints at {peer}"
+        )
+        return Refusal(int(link.LinkErrorCode.STALE_EPOCH), text)
     if origin.promoted:
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(origin.promoted_time_us / 1e6))
         text = (

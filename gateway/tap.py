@@ -22,6 +22,7 @@ bind / unbind    every mode but ``none`` (exchanges are always declared)
 publish          ``full``/``enqueue``: one ``Enqueue`` per routed queue, with
                  P's ``pos``; per-message rules may drop it (size, header)
 accept / purge   ``full`` only: a ``Dequeue`` of P's positions
+switchover       always, as ``wiring``: D is promoted at a ``HANDOVER`` naming it
 verify point     ``full``/``enqueue`` (every message forwarded): a ``Verify``
                  of what the queue holds (depth and content digest) or
                  received (its newest and last positions), for D to compare
@@ -166,6 +167,10 @@ class Tap:
             self.epoch = state.epoch  # the events from here on carry it
         elif isinstance(cmd, pc.VerifyPoint):
             self._verify(state, items)
+        elif isinstance(cmd, pc.Switchover):
+            # In the stream, so D applies a handover after all P forwarded
+            # before it, and the drain can wait for the quiesce's own cseq.
+            items.append((Mode.WIRING, cmd))
         elif isinstance(cmd, pc.RulesSwitch):
             before = self._modes(state)
             self._switch(state, cmd)

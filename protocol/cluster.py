@@ -79,6 +79,8 @@ from protocol.durablecommands import have_ranges_untrusted as have_ranges_untrus
 from protocol.durablecommands import pack_have_ranges as pack_have_ranges  # noqa: PLC0414
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.modes import Mode, Role
+from protocol.switchovercommands import Switchover as Switchover  # noqa: PLC0414
+from protocol.switchovercommands import SwitchoverPhase as SwitchoverPhase  # noqa: PLC0414
 from protocol.values import ValueMap
 from protocol.verifycommands import Verify as Verify  # noqa: PLC0414
 from protocol.verifycommands import VerifyPoint as VerifyPoint  # noqa: PLC0414
@@ -672,6 +674,7 @@ Command: TypeAlias = (
     | JoinHave
     | VerifyPoint
     | Verify
+    | Switchover
 )
 
 if set(_CODECS) != {int(k) for k in Kind}:  # pragma: no cover - a kind without a command

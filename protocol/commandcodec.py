@@ -92,6 +92,7 @@ class Kind(enum.IntEnum):
     ACQUIRE_MATCHING = 36
     VERIFY_POINT = 37
     VERIFY = 38
+    SWITCHOVER = 39
 
 
 class ExchangeType(enum.IntEnum):

@@ -81,11 +81,13 @@ class Reason(enum.StrEnum):
     TYPE_MISMATCH = "type_mismatch"
     NOT_OWNER = "not_owner"
     SUPERSEDED = "superseded"  # another site was promoted over this one
+    SWITCHOVER = "switchover"  # a planned switchover closed the queue
 
 
 CONDITIONS: dict[Reason, str] = {
     Reason.READ_ONLY: "amqp:not-allowed",
     Reason.SUPERSEDED: "amqp:precondition-failed",
+    Reason.SWITCHOVER: "amqp:precondition-failed",
     Reason.UNKNOWN_QUEUE: "amqp:not-found",
     Reason.UNKNOWN_EXCHANGE: "amqp:not-found",
     Reason.UNKNOWN_SESSION: "amqp:illegal-state",

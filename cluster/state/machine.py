@@ -64,6 +64,8 @@ from cluster.state.replica import replicated
 from cluster.state.resync import resync_apply, resync_commit, resync_stage
 from cluster.state.selection import matcher
 from cluster.state.sessions import close_session, release
+from cluster.state.switchover import end as end_switchover
+from cluster.state.switchover import guard_text, switching, switchover
 from protocol.cluster import (
     Accept,
     AcceptIncarnation,
@@ -101,6 +103,7 @@ from protocol.cluster import (
     SetEpoch,
     StateChunk,
     Superseded,
+    Switchover,
     Unbind,
     Verify,
     VerifyPoint,
@@ -410,15 +413,11 @@ def _publish(state: SiteState, cmd: Publish, sender: Sender | None, eff: Effects
         return
     for name in targets:
         if name in state.guarded:
-            _refuse(
-                state,
-                eff,
-                sender,
-                Reason.SUPERSEDED,
-                name,
-                _superseded_text(state, name),
-                ref=cmd.ref,
-            )
+            if switching(state, name):
+                reason, text = Reason.SWITCHOVER, guard_text(state, name, "take publishes")
+            else:
+                reason, text = Reason.SUPERSEDED, _superseded_text(state, name)
+            _refuse(state, eff, sender, reason, name, text, ref=cmd.ref)
             return
     size = len(cmd.body)
     queues = [state.queues[name] for name in targets]
@@ -502,6 +501,10 @@ def _acquire(
             _read_only_text(q.name, origin, "be consumed from"),
             session=cmd.session,
         )
+        return
+    if switching(state, q.name):
+        text = guard_text(state, q.name, "be consumed from")
+        _refuse(state, eff, sender, Reason.SWITCHOVER, q.name, text, session=cmd.session)
         return
     match = None
     if isinstance(cmd, AcquireMatching):
@@ -767,6 +770,7 @@ def _accept_primary(
     o.promoted = False
     o.epoch = cmd.epoch
     o.applied = dict.fromkeys(o.applied, 0)
+    state.handovers.pop(cmd.origin_cluster, None)
     state.staged.pop(cmd.origin_cluster, None)
 
 
@@ -780,6 +784,7 @@ def _set_epoch(state: SiteState, cmd: SetEpoch, sender: Sender | None, eff: Effe
     state.superseded_by = ""
     state.superseded_time_us = 0
     state.guarded = {}
+    end_switchover(state)
 
 
 def _superseded(state: SiteState, cmd: Superseded, sender: Sender | None, eff: Effects) -> None:
@@ -791,6 +796,8 @@ def _superseded(state: SiteState, cmd: Superseded, sender: Sender | None, eff: E
     state.superseded_by = cmd.by_cluster
     state.superseded_time_us = cmd.time_us
     state.guarded = dict.fromkeys(cmd.guarded)
+    if state.switchover_to != cmd.by_cluster:
+        end_switchover(state)  # else it records the handover (switchover.handed_over)
 
 
 def _superseded_text(state: SiteState, queue: str) -> str:
@@ -846,6 +853,7 @@ _LOCAL: dict[type, Callable[[SiteState, Any, Sender | None, Effects], None]] = {
     AcceptPrimary: _accept_primary,
     SetEpoch: _set_epoch,
     Superseded: _superseded,
+    Switchover: switchover,
     Durable: _durable,
     Recovering: _recovering,
     RecoveryChunk: _recovery_chunk,

@@ -470,6 +470,7 @@ class SiteState:
         "epoch",
         "exchanges",
         "guarded",
+        "handovers",
         "incarnation",
         "origins",
         "queues",
@@ -484,6 +485,8 @@ class SiteState:
         "staged",
         "superseded_by",
         "superseded_time_us",
+        "switchover_time_us",
+        "switchover_to",
         "watermarks",
     )
 
@@ -508,6 +511,13 @@ class SiteState:
         self.superseded_by = ""
         self.superseded_time_us = 0
         self.guarded: dict[str, None] = {}
+        # A planned switchover under way (Switchover QUIESCE): the DR site it
+        # hands over to and since when; ``guarded`` holds the quiesced queues.
+        self.switchover_to = ""
+        self.switchover_time_us = 0
+        # At a DR site: the origins promoted over by their own handover (not a
+        # split brain when they knock), until a failback.
+        self.handovers: dict[str, None] = {}
         # Journals (cluster/journal.py): the highest cseq a broker has on disk
         # (Durable), and, while a site that started with no member alive waits
         # for its brokers, what each recovered: node -> (pid, cseq,

@@ -34,6 +34,7 @@ from cluster.state.model import (
     describe_args,
 )
 from cluster.state.queues import delete_queue, forget_hold, purge_available
+from cluster.state.switchover import handover
 from protocol.cluster import (
     Bind,
     Dequeue,
@@ -44,6 +45,7 @@ from protocol.cluster import (
     QueueDeclare,
     QueueDelete,
     Replicated,
+    Switchover,
     Unbind,
     Verify,
 )
@@ -78,6 +80,9 @@ def replicated(state: SiteState, cmd: Replicated, sender: Sender | None, eff: Ef
     for mode, inner in zip(cmd.modes, cmd.commands, strict=False):
         if isinstance(inner, Verify):
             eff.append(verify(state, cmd.origin_cluster, cmd.origin_cseq, mode, inner))
+            continue
+        if isinstance(inner, Switchover):
+            handover(state, cmd.origin_cluster, cmd.epoch, inner, eff)
             continue
         handler = _REMOTE.get(type(inner))
         if handler is None:

@@ -33,6 +33,10 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
                   | u32 n | n x (node u32 | pid u32 | cseq u64 | incarnation u64 | proposal u64)
                   | u32 n | n x (cseq u64 | dropped u8)    whole-site recoveries, oldest
                                                           first (not in version 2)
+                  | switchover_to str16 | switchover_time_us u64
+                  | u32 n | n x origin str16  (a planned switchover here, and the
+                                               origins that handed over to this
+                                               site; from version 5)
     origin     := name str16 | incarnation u64 | epoch u32 | promoted u8
                   | promoted_time_us u64 | last_time_us u64 | last_cseq u64
                   | refused_incarnation u64 | u32 n | n x (incarnation u64 | cseq u64)
@@ -107,9 +111,10 @@ from protocol.values import Value, ValueMap, pack_value_map, unpack_value_map_un
 MAGIC = b"DRGS"
 # 3: whole-site recoveries and the elided-body flag (version 2 reads as a
 # site with no recovery and no elided body).  4: a message's broker state
-# (flag 8; versions 2 and 3 read as messages without it).
-SNAPSHOT_VERSION = 4
-_READABLE_VERSIONS = (2, 3, SNAPSHOT_VERSION)
+# (flag 8; versions 2 and 3 read as messages without it).  5: a planned
+# switchover under way (earlier versions read as none).
+SNAPSHOT_VERSION = 5
+_READABLE_VERSIONS = (2, 3, 4, SNAPSHOT_VERSION)
 
 _HEAD = struct.Struct(">4sHH")
 _U8 = struct.Struct(">B")
@@ -348,6 +353,11 @@ def _snapshot(
         out.append(_CANDIDATE.pack(node, *candidate))
     out.append(_U32.pack(len(state.recoveries)))
     out.extend(_U64.pack(r.cseq) + _U8.pack(int(r.dropped)) for r in state.recoveries)
+    _str16(out, state.switchover_to)
+    out.append(_U64.pack(state.switchover_time_us))
+    out.append(_U32.pack(len(state.handovers)))
+    for name in state.handovers:
+        _str16(out, name)
     try:
         return b"".join(out)
     except TypeError as exc:  # pragma: no cover - a body that is not bytes
@@ -647,6 +657,10 @@ def _restore(r: _Reader, bodies: SiteState | None) -> SiteState:
         for count in range(1, r.u32() + 1):
             cseq = r.u64()
             st.recoveries.append(Recovery(count, cseq, r.flag("the recovery's dropped")))
+    if version >= 5:
+        st.switchover_to = r.str16()
+        st.switchover_time_us = r.u64()
+        st.handovers = {r.str16(): None for _ in range(r.u32())}
     if r.off != len(data):
         raise RemoteProtocolError(f"snapshot has {len(data) - r.off} trailing bytes")
     for q in st.queues.values():

@@ -91,13 +91,14 @@ def test_an_empty_announcement_elides_nothing() -> None:
 
 def test_a_version_2_snapshot_still_restores_and_cannot_elide() -> None:
     recovered, site = journal_and_site()
-    assert SNAPSHOT_VERSION == 4
-    # Version 2 is version 4 without the recoveries' count at the end (none
-    # here) and without messages' broker state (none here either).
-    v4 = snapshot(site)
-    v2 = v4[:4] + (2).to_bytes(2, "big") + v4[6:-4]
-    assert snapshot(restore_untrusted(v2)) == v4
+    assert SNAPSHOT_VERSION == 5
+    # Version 2 is version 5 without the recoveries' count and the
+    # switchover (18 bytes at the end: none here) and without messages'
+    # broker state (none here either).
+    v5 = snapshot(site)
+    v2 = v5[:4] + (2).to_bytes(2, "big") + v5[6:-18]
+    assert snapshot(restore_untrusted(v2)) == v5
     delta = delta_snapshot(site, held_ranges(recovered)).data
-    delta_v2 = delta[:4] + (2).to_bytes(2, "big") + delta[6:-4]
+    delta_v2 = delta[:4] + (2).to_bytes(2, "big") + delta[6:-18]
     with pytest.raises(RemoteProtocolError, match="message flags"):
         restore_untrusted(delta_v2, bodies=recovered)

@@ -331,15 +331,20 @@ def test_snapshot_keeps_the_whole_site_recoveries() -> None:
 
 def test_a_snapshot_of_version_2_restores_as_a_site_without_recoveries() -> None:
     s = busy_state()
-    v4 = snapshot(s)
-    # Version 2 ends with the recovery candidates: no recovery records.
-    assert v4[4:6] == b"\x00\x04" and v4.endswith(b"\x00\x00\x00\x00")
-    v2 = v4[:4] + b"\x00\x02" + v4[6:-4]
+    v5 = snapshot(s)
+    # Version 5 ends with the recoveries (none) and the switchover (none:
+    # an empty name, time 0, no handovers); version 4 without the
+    # switchover, version 2 without the recoveries too.
+    assert v5[4:6] == b"\x00\x05" and v5.endswith(b"\x00" * 18)
+    v4 = v5[:4] + b"\x00\x04" + v5[6:-14]
+    v2 = v5[:4] + b"\x00\x02" + v5[6:-18]
     r = restore_untrusted(v2)
     assert r.recoveries == []
-    assert snapshot(r) == v4
+    assert snapshot(r) == v5
+    r = restore_untrusted(v4)
+    assert r.switchover_to == "" and snapshot(r) == v5
     # A version 3 snapshot: a redelivered message (flag 1) has a count of 1.
-    r = restore_untrusted(v4[:4] + b"\x00\x03" + v4[6:])
+    r = restore_untrusted(v5[:4] + b"\x00\x03" + v5[6:-14])
     assert [m.delivery_count for m in messages(r, "local")] == [1, 0, 0, 0, 0]
 
 

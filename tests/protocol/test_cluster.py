@@ -217,6 +217,9 @@ SAMPLES: dict[str, c.Command] = {
     ),
     "verify_point": c.VerifyPoint(1_700_000_000_000_000),
     "verify": c.Verify("orders", 2, 10_001, 10_002, "9f86d081884c7d659a2feaa0c55ad015"),
+    "switchover": c.Switchover(
+        "site-d", c.SwitchoverPhase.QUIESCE, 1_700_000_000_000_000, {"orders": None}
+    ),
 }
 
 

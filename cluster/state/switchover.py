@@ -1,0 +1,102 @@
+"""A planned switchover in the state machine (docs/operations.md, "A planned
+switchover"; ``Switchover``, protocol/switchovercommands.py).
+
+At P, ``QUIESCE`` closes the queues it names (``guarded``, the queues the
+rules replicate with messages) to publishes and new acquisitions: from
+that point of P's stream nothing changes them but the settlements of what
+consumers already held, which reach D in the stream like any.  ``ABORT``
+opens them again.  ``HANDOVER`` changes nothing at P: every tap forwards it,
+and D applies it after everything P forwarded before it, so D is promoted
+with all of P (RPO 0) at exactly that point; P's egress is then refused
+with the promotion and P becomes superseded (its zombie guard); the
+switchover's target stays recorded, so P knows it handed over
+(:func:`handed_over`: its egress stops dialling D, which is a primary now,
+not a second one) until ``drgate failback`` sets a new epoch.
+
+At D, inside a ``Replicated`` from the origin: a ``HANDOVER`` naming this
+site promotes it over the origin, as ``drgate promote`` would, at the next
+epoch, and records that ``origin`` handed over (``state.handovers``: when
+it knocks it is a former primary, not a second one); one naming another
+site changes nothing.  ``QUIESCE`` and ``ABORT``
+change nothing at D.
+
+Pure functions of the state, like the rest of :mod:`cluster.state`."""
+
+from __future__ import annotations
+
+import time
+
+from cluster.state.effects import Effect, Promoted, Sender
+from cluster.state.merge import origin_record
+from cluster.state.model import SiteState
+from protocol.cluster import Switchover, SwitchoverPhase
+
+__all__ = ["end", "guard_text", "handover", "switching", "switchover"]
+
+Effects = list[Effect]
+
+# How an operator ends a switchover that stopped half way.
+ABORT_HINT = "drgate switchover --abort --config SIDECAR.yaml, on a node of this site"
+
+
+def switchover(state: SiteState, cmd: Switchover, sender: Sender | None, eff: Effects) -> None:
+    """A step of a planned switchover at this site, the primary."""
+    if cmd.phase == SwitchoverPhase.QUIESCE:
+        if state.superseded_by or state.switchover_to:
+            state.count("ignored")  # superseded, or one under way already
+            return
+        state.switchover_to = cmd.to_cluster
+        state.switchover_time_us = cmd.time_us
+        state.guarded = dict.fromkeys(cmd.guarded)
+    elif cmd.phase == SwitchoverPhase.ABORT:
+        if state.switchover_to != cmd.to_cluster or state.superseded_by:
+            state.count("ignored")
+            return
+        end(state)
+        state.guarded = {}
+    # HANDOVER: nothing here; the taps forward it to D.
+
+
+def end(state: SiteState) -> None:
+    """The switchover is over (aborted, or the site was superseded)."""
+    state.switchover_to = ""
+    state.switchover_time_us = 0
+
+
+def handed_over(state: SiteState) -> bool:
+    """Did this site hand its role over to the site it is superseded by?"""
+    return bool(state.superseded_by) and state.switchover_to == state.superseded_by
+
+
+def switching(state: SiteState, queue: str) -> bool:
+    """Is ``queue`` closed by a switchover under way (not by a supersession)?"""
+    return bool(state.switchover_to) and not state.superseded_by and queue in state.guarded
+
+
+def guard_text(state: SiteState, queue: str, what: str) -> str:
+    """Why ``queue`` cannot ``what`` while a switchover is under way."""
+    to = state.switchover_to
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(state.switchover_time_us / 1e6))
+    return (
+        f"{state.cluster} is switching over to {to} (a planned switchover, since {when}): "
+        f"replicated queue {queue!r} cannot {what} here until it ends. Connect this "
+        f"queue's clients to {to} once it is the primary; if the switchover stopped half "
+        f"way, end it with {ABORT_HINT}"
+    )
+
+
+def handover(state: SiteState, origin: str, epoch: int, cmd: Switchover, eff: Effects) -> None:
+    """At D, inside a ``Replicated`` of ``origin`` at ``epoch``: promote this
+    site over ``origin`` if the handover names it (at the next epoch, as
+    ``drgate promote``), else nothing."""
+    if cmd.phase != SwitchoverPhase.HANDOVER or cmd.to_cluster != state.cluster:
+        return
+    o = origin_record(state, origin)
+    if o.promoted:
+        state.count("ignored")
+        return
+    o.epoch = max(o.epoch, epoch) + 1
+    o.promoted = True
+    o.promoted_time_us = cmd.time_us
+    state.handovers[origin] = None
+    eff.append(Promoted(origin, o.epoch))

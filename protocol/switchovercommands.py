@@ -1,0 +1,42 @@
+"""The bus command of a planned switchover (docs/operations.md, "A planned
+switchover"): P quiesces its replicated queues, hands its role over to its
+DR site at a point of its stream, or aborts.  Declared like every other
+command (protocol/commandcodec.py) and re-exported by :mod:`protocol.cluster`."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from construct import Int8ub, Int64ub
+
+from protocol.commandcodec import _MAP, Kind, _command, _CommandBase
+from protocol.values import ValueMap
+
+
+class SwitchoverPhase(enum.IntEnum):
+    """What a ``Switchover`` does (docs/state.md, "Switchover")."""
+
+    ABORT = 0  # at P: the switchover ends without a handover; the queues are writable again
+    QUIESCE = 1  # at P: publishes to the guarded queues are refused, nothing more acquired
+    HANDOVER = 2  # forwarded to D: D is promoted over P at this point of P's stream
+
+
+# key=the DR site handed over to  meta: phase u8 | time_us u64 | guarded map
+@_command(
+    Kind.SWITCHOVER,
+    key="to_cluster",
+    meta=[("phase", Int8ub, SwitchoverPhase), ("time_us", Int64ub), ("guarded", _MAP)],
+)
+@dataclass(frozen=True, slots=True)
+class Switchover(_CommandBase):
+    """At a primary, a step of a planned switchover to ``to_cluster``
+    (:class:`SwitchoverPhase`).  ``guarded`` (the keys; the values are
+    unused) names the queues a ``QUIESCE`` closes to publishes and new
+    acquisitions.  Every tap forwards ``QUIESCE`` and ``HANDOVER`` in the
+    stream, so D applies the handover exactly after everything before it."""
+
+    to_cluster: str
+    phase: SwitchoverPhase
+    time_us: int
+    guarded: ValueMap = field(default_factory=dict)

@@ -1,0 +1,91 @@
+"""A planned switchover end to end (docs/operations.md, "A planned
+switchover"): ``drgate switchover`` at P while a publisher runs; every
+message P accepted is at D (RPO 0), the rest were refused naming the
+switchover, D is the primary and P handed over without a split brain.
+
+Two sites of three brokers and three sidecars (lab.site.TwoSites).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lab.site import TwoSites
+from tests.gateway.test_promote import add_queues, drgate
+from tests.lab import converged, queues, status, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture
+def two(tmp_path: Path) -> Iterator[TwoSites]:
+    with TwoSites(workdir=tmp_path, metrics=True) as sites:
+        add_queues(sites)
+        yield sites
+
+
+def outcomes(record: Path) -> list[str]:
+    """The publisher's outcomes so far, in order (its --record file)."""
+    if not record.exists():
+        return []
+    lines = record.read_text().splitlines()
+    return [json.loads(line)["outcome"] for line in lines if line.endswith("}")]
+
+
+def test_a_switchover_under_load_loses_nothing_and_hands_the_role_to_d(two: TwoSites) -> None:
+    assert two.p.client(1, "publish", two.p.amqp[1], "q-full", "--count", "50")["accepted"] == 50
+    wait_for("D's full replica equals P's queue", lambda: converged(two))
+    record = two.p.workdir / "publisher.jsonl"
+    publisher = two.p.client_popen(
+        1, "publish", two.p.amqp[1], "q-full", "--count", "100000", "--rate", "100",
+        "--start", "51", "--record", str(record),
+    )  # fmt: skip
+    wait_for("the publisher is under way", lambda: len(outcomes(record)) > 100)
+
+    done = drgate("switchover", "--config", str(two.p.workdir / "sidecar-1.yaml"), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["switched"] and result["to"] == "site-d"
+    assert result["handover_cseq"] > result["quiesced_cseq"]
+    assert "q-full" in result["guarded_queues"] and "q-wire" not in result["guarded_queues"]
+    assert [s["step"] for s in result["steps"]] == ["quiesce", "drain", "drain", "handover", "done"]
+    # The publisher runs on past the switch: refused from the quiesce on.
+    wait_for("publishes are refused", lambda: outcomes(record).count("rejected") >= 20)
+    publisher.kill()
+    publisher.communicate()
+    seen = outcomes(record)
+    accepted = seen.count("accepted")
+    assert "accepted" not in seen[seen.index("rejected") :]  # none after the first refusal
+
+    # RPO 0: D holds exactly what P accepted, in P's order.
+    p_full, d_full = queues(two.p.describe(2))["q-full"], queues(two.d.describe(2))["q-full"]
+    assert p_full["depth"] == 50 + accepted
+    assert d_full["depth"] == p_full["depth"] and d_full["digest"] == p_full["digest"]
+
+    # D is the primary: its full replica takes publishes; P's stays closed.
+    assert two.d.client(1, "publish", two.d.amqp[1], "q-full", "--count", "1")["accepted"] == 1
+    late = two.p.client(1, "publish", two.p.amqp[1], "q-full", "--count", "1")
+    assert late["accepted"] == 0 and "site-d" in late["first_rejection"]
+    # P handed over: its egress does not knock, and D reports no split brain.
+    p_status = status(two, "site-p", 1)
+    assert p_status["link_state"] == "refused"
+    assert "handed over to site-d" in p_status["last_error"]
+    assert not any(status(two, "site-d", n)["partitioned"] for n in two.nodes)
+    assert status(two, "site-d", 1)["resync"]["promoted"]
+    assert p_status["superseded_by"] == "site-d"
+
+
+def test_a_switchover_that_cannot_drain_aborts_and_p_stays_writable(two: TwoSites) -> None:
+    assert two.p.client(1, "publish", two.p.amqp[1], "q-full", "--count", "10")["accepted"] == 10
+    wait_for("D's full replica equals P's queue", lambda: converged(two))
+    for node in two.nodes:  # D's sidecars are gone: nothing can drain
+        two.d.kill(f"sidecar-{node}", signal.SIGTERM)
+    done = drgate("switchover", "--config", str(two.p.workdir / "sidecar-1.yaml"), "--timeout", "3")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "abort" in done.stdout and "take publishes again" in done.stdout
+    assert two.p.client(1, "publish", two.p.amqp[1], "q-full", "--count", "1")["accepted"] == 1
