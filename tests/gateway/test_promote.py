@@ -77,9 +77,11 @@ def test_promote_makes_full_replicas_writable_and_fences_the_old_primary(two: Tw
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["promoted"] and result["epoch"] >= 1
-    assert result["applied_cseq"] == figures["applied_cseq"]  # P's stream was quiet
+    # P's clients were quiet, but its egress posts a verification point every
+    # link.verify_s (60 s), which a slow run can meet between the two calls.
+    assert result["applied_cseq"] >= figures["applied_cseq"]
     # The RPO printed is "now - the origin time of the last applied event".
-    expected = (before_us - figures["origin_time_us"]) / 1e6
+    expected = (before_us - result["origin_time_us"]) / 1e6
     assert expected <= result["rpo_seconds"] <= expected + 30
 
     published = two.d.client(1, "publish", two.d.amqp[1], "q-full", "--count", "5")
