@@ -50,6 +50,7 @@ def test_a_switchover_under_load_loses_nothing_and_hands_the_role_to_d(two: TwoS
     done = drgate("switchover", "--config", str(two.p.workdir / "sidecar-1.yaml"), "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout)
+    print("switchover:", {k: result[k] for k in ("window_seconds", "drained_cseqs")})  # -s
     assert result["switched"] and result["to"] == "site-d"
     assert result["handover_cseq"] > result["quiesced_cseq"]
     assert "q-full" in result["guarded_queues"] and "q-wire" not in result["guarded_queues"]
