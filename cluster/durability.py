@@ -190,12 +190,14 @@ class NodeJournal:
             log.info("journal %s is empty", self.settings.directory)
             return
         log.info(
-            "journal %s recovered cseq %d (checkpoint %d, %d frames replayed in %.2f s)",
+            "journal %s recovered cseq %d (checkpoint %d, %d frames replayed in %.2f s, "
+            "%.2f s of CPU)",
             self.settings.directory,
             got.cseq,
             got.checkpoint_cseq,
             got.frames_replayed,
             got.seconds,
+            got.cpu_seconds,
         )
         self.member.recovered = got.state
 
