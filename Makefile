@@ -157,4 +157,4 @@ FAULTS ?= 200
 BUS    ?= embedded
 chaos: $(STAMP)
 	flock /tmp/drgate-corosync.lock $(PY) bench/chaos.py --faults $(FAULTS) --bus $(BUS) \
-	  $(if $(SEED),--seed $(SEED))
+	  $(if $(SEED),--seed $(SEED)) $(if $(START_TIMEOUT),--start-timeout $(START_TIMEOUT))

@@ -8,6 +8,7 @@ from its seed (the same schedule; the timing is the machine's).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import sys
 from pathlib import Path
@@ -24,10 +25,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", type=int, default=200)
     parser.add_argument("--bus", choices=["embedded", "corosync"], default="embedded")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a restarted broker or sidecar may take to be ready (default 60; a "
+        "200-fault corosync run on 2 cores needs about 180: its restarts wait for a core)",
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    options = ChaosOptions(seed=seed, faults=args.faults, bus=args.bus, workdir=args.workdir)
+    if args.start_timeout is not None:
+        options = dataclasses.replace(options, start_timeout_s=args.start_timeout)
     report = run_chaos(
-        ChaosOptions(seed=seed, faults=args.faults, bus=args.bus, workdir=args.workdir),
+        options,
         say=lambda line: print(line, flush=True),
     )
     print(report.text(), flush=True)

@@ -55,6 +55,8 @@ class Proc:
     popen: subprocess.Popen[str]
     log_path: Path
     lines: queue.Queue[str] = field(default_factory=queue.Queue)
+    # How long a wait for a line may take (BrokerSite.start_timeout_s).
+    start_timeout_s: float = START_TIMEOUT_S
 
     @property
     def pid(self) -> int:
@@ -63,9 +65,10 @@ class Proc:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def wait_line(self, contains: str, *, timeout: float = START_TIMEOUT_S) -> str:
-        """The first printed line containing ``contains``; raises on exit or deadline."""
-
+    def wait_line(self, contains: str, *, timeout: float | None = None) -> str:
+        """The first printed line containing ``contains``; raises on exit or
+        deadline (``timeout``, or the process's ``start_timeout_s``)."""
+        timeout = self.start_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -134,6 +137,10 @@ class BrokerSite(Started):
         self.procs: dict[str, Proc] = {}
         self.clients: list[subprocess.Popen[str]] = []
         self.amqp: dict[int, str] = {}
+        # How long a process started here may take to say it is ready: a
+        # broker replaying its journal on a machine far busier than its cores
+        # (a long chaos run) takes longer than the default.
+        self.start_timeout_s = START_TIMEOUT_S
 
     # -- lifetime ------------------------------------------------------------
 
@@ -248,7 +255,7 @@ class BrokerSite(Started):
             cwd=ROOT,
             env=env,
         )
-        proc = Proc(name, popen, self.workdir / f"{name}.log")
+        proc = Proc(name, popen, self.workdir / f"{name}.log", start_timeout_s=self.start_timeout_s)
         self.procs[name] = proc
         threading.Thread(target=_pump, args=(proc,), daemon=True).start()
         return proc

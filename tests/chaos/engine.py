@@ -38,7 +38,7 @@ from typing import Any
 
 from lab.lifetime import fill, tmpfs
 from lab.netns import list_netns
-from lab.site import BrokerSite, SiteError, TwoSites, finish_client
+from lab.site import START_TIMEOUT_S, BrokerSite, SiteError, TwoSites, finish_client
 from tests.chaos import schedule as sch
 from tests.chaos.checker import ACCEPTED, IN_DOUBT, Delivery, QueueRecord, check
 from tests.lab import queues, status, wait_for
@@ -99,6 +99,11 @@ class ChaosOptions:
     workdir: Path | None = None
     nodes: int = 3
     weights: dict[str, int] | None = None
+    # How long a restarted broker or sidecar may take to be ready before the
+    # run counts it as a problem (lab.site.START_TIMEOUT_S by default).  A
+    # long corosync run keeps 2 cores at a load average of 16: a broker's
+    # journal replay then waits for a core ten times as long as it works.
+    start_timeout_s: float = START_TIMEOUT_S
 
 
 @dataclass
@@ -327,6 +332,7 @@ class ChaosRun:
             rules=self.rules, verify_s=VERIFY_S,
         )  # fmt: skip
         self.two = two
+        two.p.start_timeout_s = two.d.start_timeout_s = opts.start_timeout_s
         clients: Clients | None = None
         try:
             with ExitStack() as stack:
