@@ -466,6 +466,7 @@ class Egress:
             ended=self.status.ended,
             gaps_total=self.gaps,
             superseded_by=self.member.state.superseded_by,
+            failback_wait_cseq=self.member.state.failback_cseq,
             security="insecure" if self.config.tls is None else "mutual-tls",
             tls_refused=self.status.tls_refused,
             partitioned=self.partitioned,

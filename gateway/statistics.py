@@ -99,6 +99,9 @@ class LinkSection:
     # P: the DR site that was promoted over this one ("" while none was);
     # the zombie guard refuses publishes from then on.
     superseded_by: str | None = None
+    # P: after a failback, its cseq while the replicated queues give consumers
+    # nothing until D acknowledges it (cluster/state/switchover.py); 0: none.
+    failback_wait_cseq: int | None = None
     # "mutual-tls", or "insecure" when the config runs the link in plaintext.
     security: str | None = None
     # Connections refused for TLS reasons: the handshake failed (no or a
@@ -210,6 +213,7 @@ def egress_link_section(
     ended: Mapping[str, int],
     gaps_total: int = 0,
     superseded_by: str = "",
+    failback_wait_cseq: int = 0,
     security: str | None = None,
     tls_refused: Mapping[str, int] | None = None,
     partitioned: bool = False,
@@ -240,6 +244,7 @@ def egress_link_section(
         events_sent_total=ended.get("events_sent_total", 0) + (sender.events if sender else 0),
         gaps_total=gaps_total,
         superseded_by=superseded_by,
+        failback_wait_cseq=failback_wait_cseq,
         partitioned=partitioned,
         **_tls_fields(security, tls_refused),
     )

@@ -61,6 +61,7 @@ def status_document(
         "link_gaps_total": link.gaps_total if link else None,
         "link_refused_total": link.refused_total if link else None,
         "superseded_by": link.superseded_by if link else None,
+        "failback_wait_cseq": link.failback_wait_cseq if link else None,
         "partitioned": link.partitioned if link else None,
         "rpo_seconds": sidecar.dr.rpo_seconds if sidecar and sidecar.dr else None,
         "rpo_events": sidecar.dr.rpo_events if sidecar and sidecar.dr else None,

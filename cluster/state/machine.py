@@ -64,8 +64,17 @@ from cluster.state.replica import replicated
 from cluster.state.resync import resync_apply, resync_commit, resync_stage
 from cluster.state.selection import matcher
 from cluster.state.sessions import close_session, release
+from cluster.state.switchover import (
+    closed_to_publishes,
+    failback,
+    failback_acknowledged,
+    failback_text,
+    failing_back,
+    guard_text,
+    switching,
+    switchover,
+)
 from cluster.state.switchover import end as end_switchover
-from cluster.state.switchover import guard_text, switching, switchover
 from protocol.cluster import (
     Accept,
     AcceptIncarnation,
@@ -412,7 +421,7 @@ def _publish(state: SiteState, cmd: Publish, sender: Sender | None, eff: Effects
         )
         return
     for name in targets:
-        if name in state.guarded:
+        if closed_to_publishes(state, name):
             if switching(state, name):
                 reason, text = Reason.SWITCHOVER, guard_text(state, name, "take publishes")
             else:
@@ -502,8 +511,12 @@ def _acquire(
             session=cmd.session,
         )
         return
-    if switching(state, q.name):
-        text = guard_text(state, q.name, "be consumed from")
+    if switching(state, q.name) or failing_back(state, q.name):
+        text = (
+            failback_text(state, q.name)
+            if failing_back(state, q.name)
+            else guard_text(state, q.name, "be consumed from")
+        )
         _refuse(state, eff, sender, Reason.SWITCHOVER, q.name, text, session=cmd.session)
         return
     match = None
@@ -640,6 +653,7 @@ def _ack_watermark(
         state.watermarks[cmd.origin_cluster] = new
     else:
         state.count("ignored")
+    failback_acknowledged(state, cmd.origin_cluster, cmd.incarnation, cmd.cseq)
 
 
 def _member_ready(state: SiteState, cmd: MemberReady, sender: Sender | None, eff: Effects) -> None:
@@ -781,9 +795,9 @@ def _set_epoch(state: SiteState, cmd: SetEpoch, sender: Sender | None, eff: Effe
         state.count("ignored")
         return
     state.epoch = cmd.epoch
+    failback(state)  # before the supersession ends: it keeps what the guard closed
     state.superseded_by = ""
     state.superseded_time_us = 0
-    state.guarded = {}
     end_switchover(state)
 
 
@@ -796,6 +810,7 @@ def _superseded(state: SiteState, cmd: Superseded, sender: Sender | None, eff: E
     state.superseded_by = cmd.by_cluster
     state.superseded_time_us = cmd.time_us
     state.guarded = dict.fromkeys(cmd.guarded)
+    state.failback_cseq = 0  # superseded again: the guard, not a failback, holds them
     if state.switchover_to != cmd.by_cluster:
         end_switchover(state)  # else it records the handover (switchover.handed_over)
 

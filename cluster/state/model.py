@@ -469,6 +469,7 @@ class SiteState:
         "durable_cseq",
         "epoch",
         "exchanges",
+        "failback_cseq",
         "guarded",
         "handovers",
         "incarnation",
@@ -518,6 +519,11 @@ class SiteState:
         # At a DR site: the origins promoted over by their own handover (not a
         # split brain when they knock), until a failback.
         self.handovers: dict[str, None] = {}
+        # After a failback here (SetEpoch while superseded): its cseq, until
+        # the DR site acknowledged P's stream up to it (AckWatermark); the
+        # ``guarded`` queues take publishes again but give consumers nothing
+        # until then (cluster/state/switchover.py).  0: none.
+        self.failback_cseq = 0
         # Journals (cluster/journal.py): the highest cseq a broker has on disk
         # (Durable), and, while a site that started with no member alive waits
         # for its brokers, what each recovered: node -> (pid, cseq,

@@ -37,6 +37,8 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
                   | u32 n | n x origin str16  (a planned switchover here, and the
                                                origins that handed over to this
                                                site; from version 5)
+                  | failback_cseq u64         (a failback waiting for its DR
+                                               site; from version 6)
     origin     := name str16 | incarnation u64 | epoch u32 | promoted u8
                   | promoted_time_us u64 | last_time_us u64 | last_cseq u64
                   | refused_incarnation u64 | u32 n | n x (incarnation u64 | cseq u64)
@@ -112,9 +114,10 @@ MAGIC = b"DRGS"
 # 3: whole-site recoveries and the elided-body flag (version 2 reads as a
 # site with no recovery and no elided body).  4: a message's broker state
 # (flag 8; versions 2 and 3 read as messages without it).  5: a planned
-# switchover under way (earlier versions read as none).
-SNAPSHOT_VERSION = 5
-_READABLE_VERSIONS = (2, 3, 4, SNAPSHOT_VERSION)
+# switchover under way (earlier versions read as none).  6: a failback
+# waiting for its DR site (earlier versions read as none).
+SNAPSHOT_VERSION = 6
+_READABLE_VERSIONS = (2, 3, 4, 5, SNAPSHOT_VERSION)
 
 _HEAD = struct.Struct(">4sHH")
 _U8 = struct.Struct(">B")
@@ -358,6 +361,7 @@ def _snapshot(
     out.append(_U32.pack(len(state.handovers)))
     for name in state.handovers:
         _str16(out, name)
+    out.append(_U64.pack(state.failback_cseq))
     try:
         return b"".join(out)
     except TypeError as exc:  # pragma: no cover - a body that is not bytes
@@ -661,6 +665,8 @@ def _restore(r: _Reader, bodies: SiteState | None) -> SiteState:
         st.switchover_to = r.str16()
         st.switchover_time_us = r.u64()
         st.handovers = {r.str16(): None for _ in range(r.u32())}
+    if version >= 6:
+        st.failback_cseq = r.u64()
     if r.off != len(data):
         raise RemoteProtocolError(f"snapshot has {len(data) - r.off} trailing bytes")
     for q in st.queues.values():

@@ -20,6 +20,15 @@ it knocks it is a former primary, not a second one); one naming another
 site changes nothing.  ``QUIESCE`` and ``ABORT``
 change nothing at D.
 
+Back at P, ``drgate failback`` (``SetEpoch``) ends the supersession, and D,
+which forgot what it applied of P, is resynced by P's next link.  A message
+published after the failback and taken by a consumer before the resync's
+cut would never reach an ``enqueue`` replica, so the queues the guard
+closed take publishes at once but give consumers nothing until the active
+egress announces D's acknowledgment of the failback's point
+(``AckWatermark``, :func:`failback_acknowledged`): ``failback_cseq``.
+``ABORT`` opens them without waiting, for a DR site that never comes back.
+
 Pure functions of the state, like the rest of :mod:`cluster.state`."""
 
 from __future__ import annotations
@@ -31,7 +40,18 @@ from cluster.state.merge import origin_record
 from cluster.state.model import SiteState
 from protocol.cluster import Switchover, SwitchoverPhase
 
-__all__ = ["end", "guard_text", "handover", "switching", "switchover"]
+__all__ = [
+    "closed_to_publishes",
+    "end",
+    "failback",
+    "failback_acknowledged",
+    "failback_text",
+    "failing_back",
+    "guard_text",
+    "handover",
+    "switching",
+    "switchover",
+]
 
 Effects = list[Effect]
 
@@ -49,6 +69,10 @@ def switchover(state: SiteState, cmd: Switchover, sender: Sender | None, eff: Ef
         state.switchover_time_us = cmd.time_us
         state.guarded = dict.fromkeys(cmd.guarded)
     elif cmd.phase == SwitchoverPhase.ABORT:
+        if state.failback_cseq:  # a failback waiting for its DR site: open now
+            state.failback_cseq = 0
+            state.guarded = {}
+            return
         if state.switchover_to != cmd.to_cluster or state.superseded_by:
             state.count("ignored")
             return
@@ -71,6 +95,48 @@ def handed_over(state: SiteState) -> bool:
 def switching(state: SiteState, queue: str) -> bool:
     """Is ``queue`` closed by a switchover under way (not by a supersession)?"""
     return bool(state.switchover_to) and not state.superseded_by and queue in state.guarded
+
+
+def closed_to_publishes(state: SiteState, queue: str) -> bool:
+    """Is ``queue`` closed to publishes, by a switchover or a supersession?"""
+    return queue in state.guarded and bool(state.superseded_by or state.switchover_to)
+
+
+def failing_back(state: SiteState, queue: str) -> bool:
+    """Does ``queue`` give consumers nothing until the DR site holds this
+    site's state again (after a failback)?"""
+    return bool(state.failback_cseq) and queue in state.guarded
+
+
+def failback(state: SiteState) -> None:
+    """``SetEpoch`` at a superseded site: the queues the guard closed stay
+    closed to consumers until the DR site acknowledges this point."""
+    if state.superseded_by and state.guarded:
+        state.failback_cseq = state.cseq
+    else:
+        state.guarded = {}
+
+
+def failback_acknowledged(state: SiteState, origin: str, incarnation: int, cseq: int) -> None:
+    """The active egress announced that the DR site acknowledged this site's
+    stream up to ``cseq``: at or past the failback, its queues open."""
+    if not state.failback_cseq or origin != state.cluster or incarnation != state.incarnation:
+        return
+    if cseq >= state.failback_cseq:
+        state.failback_cseq = 0
+        state.guarded = {}
+
+
+def failback_text(state: SiteState, queue: str) -> str:
+    """Why ``queue`` gives consumers nothing yet after a failback."""
+    acked = state.watermarks.get(state.cluster, (0, 0, 0))[1]
+    return (
+        f"{state.cluster} failed back at cseq {state.failback_cseq}: replicated queue {queue!r} "
+        f"cannot be consumed from until the DR site holds {state.cluster}'s state again (the "
+        f"link's resync after the failback; acknowledged so far: cseq {acked}). Publishes "
+        f"are taken meanwhile. If the DR site is gone for good, open the queue now with "
+        f"{ABORT_HINT}: what consumers take before the resync then never reaches the DR site"
+    )
 
 
 def guard_text(state: SiteState, queue: str, what: str) -> str:

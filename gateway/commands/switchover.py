@@ -24,7 +24,8 @@ aborts: ``Switchover(ABORT)`` opens the queues again and P stays the
 primary.  Once the handover is multicast it cannot be taken back (D may
 already hold it): a timeout then says so, and how to see which site is the
 primary.  ``--abort`` ends a switchover that a killed command left half
-way.  Exit 0 switched over, 1 aborted or not confirmed.
+way, or the wait of a failback's queues for a DR site that never comes
+back (cluster/state/switchover.py).  Exit 0 switched over, 1 aborted or not confirmed.
 """
 
 from __future__ import annotations
@@ -215,6 +216,17 @@ async def _abort(member: AdminMember, to: str, steps: Steps, why: str) -> None:
 
 async def _abort_left(config: SidecarConfig, steps: Steps) -> dict[str, object]:
     async with open_admin_member(config.site, config.bus) as member:
+        waiting = member.state.failback_cseq
+        if waiting:  # a failback waiting for D: open its queues now
+            to = config.peer_cluster
+            with trio.CancelScope(shield=True):
+                await member.submit_and_wait(pc.Switchover(to, pc.SwitchoverPhase.ABORT, _now_us()))
+            steps.say(
+                "abort",
+                f"the failback at cseq {waiting} no longer waits for "
+                f"{to}: the queues give consumers messages again",
+            )
+            return {"aborted_left": True, "to": to, "failback_wait_ended": True}
         to = member.state.switchover_to
         if not to or member.state.superseded_by:
             raise DrgateError(

@@ -58,6 +58,8 @@ def test_set_epoch_moves_the_primarys_epoch_up_only_and_lifts_the_guard() -> Non
     st.apply(p, pc.SetEpoch(1))  # not above the current epoch: ignored
     assert p.epoch == 1 and p.superseded_by == "site-d"
     st.apply(p, pc.SetEpoch(3))
-    assert (p.epoch, p.superseded_by, p.guarded) == (3, "", {})
+    assert (p.epoch, p.superseded_by) == (3, "")
+    # Publishes are taken again; consumers wait for D (cluster/state/switchover.py).
+    assert (p.guarded, p.failback_cseq) == ({"orders": None}, p.cseq)
     assert any(isinstance(e, Settled) for e in _publish(p, "", "orders", 4))
     assert st.restore_untrusted(st.snapshot(p)).epoch == 3

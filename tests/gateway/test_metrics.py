@@ -284,6 +284,7 @@ def test_status_document_of_a_broker_field_for_field() -> None:
         "link_gaps_total": None,
         "link_refused_total": None,
         "superseded_by": None,
+        "failback_wait_cseq": None,
         "partitioned": None,
         "rpo_seconds": None,
         "rpo_events": None,

@@ -150,8 +150,9 @@ def test_a_supersession_without_a_handover_is_a_failover_not_a_handover() -> Non
     sites.run(quiesce("site-x"))  # a switchover to another DR site, under way
     sites.run(pc.Superseded("site-d", 1_700_000_000_000_001, GUARDED))
     assert not handed_over(sites.p.state) and sites.p.state.switchover_to == ""
-    sites.run(pc.SetEpoch(4))  # failback: everything lifted
-    assert sites.p.state.guarded == {} and not handed_over(sites.p.state)
+    sites.run(pc.SetEpoch(4))  # failback: publishes open, consumers wait for D
+    assert sites.p.state.failback_cseq == sites.p.state.cseq and not handed_over(sites.p.state)
+    assert refusals(sites, pc.Publish("", "f.q", b"again", "again")) == []
 
 
 def test_the_site_that_handed_over_is_refused_as_a_former_primary_not_a_second_one() -> None:
@@ -167,3 +168,55 @@ def test_the_site_that_handed_over_is_refused_as_a_former_primary_not_a_second_o
     # A failback at D forgets the handover.
     apply(sites.d, pc.AcceptPrimary("site-p", 5))
     assert sites.d.handovers == {}
+
+
+def handed_over_then_failed_back() -> Sites:
+    """P handed over to D, then ``drgate failback`` at P (``SetEpoch``):
+    P's stream goes on, D is resynced by P's next link."""
+    sites = loaded()
+    sites.run(quiesce())
+    sites.run(handover())
+    sites.run(pc.Superseded("site-d", 1_700_000_000_000_001, GUARDED))
+    sites.run(pc.SetEpoch(5))
+    return sites
+
+
+def test_after_a_failback_the_queues_take_publishes_but_give_nothing_until_d_holds_p() -> None:
+    # D forgot what it applied of P (AcceptPrimary), so P's next link resyncs
+    # it: an enqueue message published now and taken by a consumer here before
+    # the resync's cut would never reach D (found writing the chaos suite's
+    # switch back).  Acquisitions wait for D's acknowledgment of the failback.
+    sites = handed_over_then_failed_back()
+    state = sites.p.state
+    failback_cseq = state.cseq
+    assert state.superseded_by == "" and not handed_over(state)
+    assert refusals(sites, pc.Publish("", "e.q", b"new", "new")) == []
+    (refused,) = refusals(sites, pc.Acquire("e.q", SA, 1, 4))
+    assert refused.reason == st.Reason.SWITCHOVER
+    assert "'e.q' cannot be consumed from" in refused.description
+    assert "until the DR site holds site-p's state again" in refused.description
+    assert "drgate switchover --abort" in refused.description
+    assert sites.p.state.queues["e.q"].depth == 4  # nothing taken
+    assert refusals(sites, pc.Acquire("n.q", SA, 1, 1)) == []  # not replicated: open
+    # D acknowledges a point before the failback: still closed.
+    apply(state, pc.AckWatermark("site-p", 42, failback_cseq - 1, 1))
+    assert len(refusals(sites, pc.Acquire("e.q", SA, 1, 1))) == 1
+    # D acknowledges the failback's point (the resync's cut is at or above it).
+    apply(state, pc.AckWatermark("site-p", 42, failback_cseq + 3, 2))
+    assert state.guarded == {}
+    assert refusals(sites, pc.Acquire("e.q", SA, 1, 4)) == []
+
+
+def test_an_abort_opens_the_queues_of_a_failback_whose_dr_site_never_comes() -> None:
+    sites = handed_over_then_failed_back()
+    sites.run(abort())
+    assert sites.p.state.guarded == {}
+    assert refusals(sites, pc.Acquire("e.q", SA, 1, 1)) == []
+
+
+def test_a_failback_waiting_for_d_survives_a_snapshot() -> None:
+    sites = handed_over_then_failed_back()
+    restored = st.restore_untrusted(st.snapshot(sites.p.state))
+    assert restored.failback_cseq == sites.p.state.failback_cseq > 0
+    assert restored.guarded == GUARDED
+    assert st.digest(restored) == st.digest(sites.p.state)

@@ -96,3 +96,27 @@ def test_a_switchover_that_cannot_drain_aborts_then_one_under_load_hands_the_rol
     assert not any(status(two, "site-d", n)["partitioned"] for n in two.nodes)
     assert status(two, "site-d", 1)["resync"]["promoted"]
     assert p_status["superseded_by"] == "site-d"
+
+    # Switch back by a failback, the WAN cut so that D cannot be resynced yet:
+    # P takes publishes at once, but its consumers wait until D holds P's
+    # state again; otherwise an enqueue message taken here before the
+    # resync's cut would never reach D.
+    two.wan_all("cut")
+    accepted = drgate("failback", "--config", str(two.d.workdir / "sidecar-1.yaml"), "--json")
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    epoch = json.loads(accepted.stdout)["epoch"]
+    p_config = str(two.p.workdir / "sidecar-1.yaml")
+    resumed = drgate("failback", "--config", p_config, "--epoch", str(epoch))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    new = two.p.client(1, "publish", two.p.amqp[1], "q-enq", "--count", "5", "--prefix", "back")
+    assert new["accepted"] == 5, new
+    early = two.p.client(1, "consume", two.p.amqp[1], "q-enq", "--count", "5", "--idle", "5")
+    assert early["received"] == 0, early
+    assert "cannot be consumed from until the DR site holds site-p" in early["error"]
+    two.wan_all("restore")
+    wait_for(
+        "D's enqueue replica has what P took after the failback",
+        lambda: queues(two.d.describe(2)).get("q-enq", {}).get("depth", 0) == 5,
+    )
+    late = two.p.client(1, "consume", two.p.amqp[1], "q-enq", "--count", "5", "--idle", "30")
+    assert late["received"] == 5 and not late["error"], late
