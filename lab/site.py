@@ -290,7 +290,9 @@ class BrokerSite(Started):
         self.clients.append(popen)  # stop() ends it if the caller did not
         return popen
 
-    def drgate(self, node: int, *args: str) -> subprocess.CompletedProcess[str]:
+    def drgate(
+        self, node: int, *args: str, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
         """Run ``drgate ARGS`` where node ``node``'s bus is reachable (its
         namespace on corosync): the admin commands that join the site's bus
         (``resync``, ``promote``)."""
@@ -299,7 +301,7 @@ class BrokerSite(Started):
             argv = self.corosync.ns_argv(node, argv)
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         return subprocess.run(
-            argv, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env, check=False
+            argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env, check=False
         )
 
     def describe(self, node: int) -> dict[str, Any]:

@@ -109,9 +109,10 @@ def failing_back(state: SiteState, queue: str) -> bool:
 
 
 def failback(state: SiteState) -> None:
-    """``SetEpoch`` at a superseded site: the queues the guard closed stay
+    """``SetEpoch`` at a superseded site, or one whose handover D applied
+    before P heard of it: the queues the guard or the switchover closed stay
     closed to consumers until the DR site acknowledges this point."""
-    if state.superseded_by and state.guarded:
+    if state.guarded and (state.superseded_by or state.switchover_to):
         state.failback_cseq = state.cseq
     else:
         state.guarded = {}

@@ -79,6 +79,11 @@ BUS_LOSS_EXIT_S = 20.0
 # spools, so only the fault fills it.
 SPOOL_DISK_BYTES = 64 << 20
 CLIENT_STOP_TIMEOUT_S = 60.0
+# drgate switchover's own limit for the drain and for the handover's
+# confirmation; the switch back retries D's failback this long (D may apply
+# the handover only once a WAN fault ends).
+SWITCHOVER_TIMEOUT_S = 60
+SWITCH_BACK_TIMEOUT_S = 240.0
 RULES = """\
 version: 1
 rules:
@@ -308,6 +313,7 @@ class ChaosRun:
         self.began = time.monotonic()
         self.killed: set[tuple[str, str]] = set()  # (cluster, process) the schedule has down
         self.disks: dict[tuple[str, int], Path] = {}  # the spools' disks (spool-full)
+        self.switched = False  # a switchover handed P's role to D, not yet switched back
 
     def log(self, text: str) -> None:
         line = f"{time.monotonic() - self.began:7.2f}s {text}"
@@ -431,6 +437,8 @@ class ChaosRun:
                 (disk / "filler").unlink()
         elif fault.kind == "kill-corosync":
             self._corosync(two.p if where == "p" else two.d, int(which), begin)
+        elif fault.kind == "switchover":
+            (self._switch_over if begin else self._switch_back)()
         else:
             raise SiteError(f"unknown fault kind {fault.kind}")
 
@@ -459,6 +467,56 @@ class ChaosRun:
                     f"corosync died; log: {proc.log_path}"
                 )
                 site.kill(name, signal.SIGKILL)
+
+    def _switch_over(self) -> None:
+        """``drgate switchover`` at P under load and whatever WAN fault is on:
+        it hands P's role to D, or aborts (nothing drained in time) and P
+        stays the primary; a handover it could not confirm is switched back
+        all the same."""
+        p = self.two.p
+        done = p.drgate(
+            1, "switchover", "--config", str(p.workdir / "sidecar-1.yaml"),
+            "--timeout", str(SWITCHOVER_TIMEOUT_S), "--json",
+            timeout=3 * SWITCHOVER_TIMEOUT_S + 60,  # its drain, its confirmation, its bus
+        )  # fmt: skip
+        try:
+            result = json.loads(done.stdout)
+        except ValueError:
+            self.problem(f"drgate switchover failed ({done.returncode}): {done.stderr.strip()}")
+            return
+        if result.get("aborted"):
+            self.log("switchover aborted (nothing drained in time): P stays the primary")
+            return
+        self.switched = True
+        self.log(
+            f"switchover {'done' if result.get('switched') else 'not confirmed'}: window "
+            f"{result.get('window_seconds')} s, {result.get('drained_cseqs')} cseqs drained"
+        )
+
+    def _switch_back(self) -> None:
+        """The switch back: ``drgate failback`` at D (again until D applied
+        the handover), then at P with the epoch D printed."""
+        if not self.switched:
+            return
+        two = self.two
+        d_config = str(two.d.workdir / "sidecar-1.yaml")
+        deadline = time.monotonic() + SWITCH_BACK_TIMEOUT_S
+        while True:
+            done = two.d.drgate(1, "failback", "--config", d_config, "--json")
+            if done.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        if done.returncode != 0:
+            self.problem(f"drgate failback at D failed: {done.stdout}{done.stderr}".strip())
+            return
+        epoch = str(json.loads(done.stdout)["epoch"])
+        p_config = str(two.p.workdir / "sidecar-1.yaml")
+        done = two.p.drgate(1, "failback", "--config", p_config, "--epoch", epoch, "--json")
+        if done.returncode != 0:
+            self.problem(f"drgate failback at P failed: {done.stdout}{done.stderr}".strip())
+            return
+        self.switched = False
+        self.log(f"switched back: P is the primary again at epoch {epoch}")
 
     def _kill(self, site: BrokerSite, names: list[str]) -> None:
         for name in names:

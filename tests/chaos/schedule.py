@@ -6,7 +6,10 @@ A fault occupies a *resource* from its start to its end: a site's nodes
 (``p-nodes``, ``d-nodes``: a sidecar, broker or corosync killed and
 restarted, a node cut off, a sidecar's spool disk full, or the whole site
 restarted), one WAN emulator (``wan-N``, or every one for a fault
-on the whole WAN), the rules file.  Two faults on one resource never overlap,
+on the whole WAN), the rules file.  A planned switchover and its switch
+back take both sites' nodes and the rules file (its commands join both
+buses, and its quiesce names the queues the rules replicate): WAN faults
+overlap it.  Two faults on one resource never overlap,
 so at most one node of a site is down at a time, the loss drgate claims to
 survive; faults on different resources overlap freely (a broker of P killed
 during a WAN cut while D's sidecar restarts).  Each fault starts a random gap
@@ -37,6 +40,10 @@ WEIGHTS: dict[str, int] = {
     "wan-delay": 2,  # delay and jitter
     "rules-switch": 2,  # the rules file switches q-switch from full to enqueue and back
     "spool-full": 2,  # a sidecar's spool disk (a small tmpfs) filled up, then freed
+    # drgate switchover P -> D, then the switch back by drgate failback (D,
+    # then P) when it ends; an aborted switchover (the WAN cut) has nothing
+    # to switch back.
+    "switchover": 1,
 }
 # On the corosync bus a node can also be cut off from its site's others (its
 # bridge port down: a minority of one, its link to the other site gone too),
@@ -57,6 +64,7 @@ DURATION_S: dict[str, tuple[float, float]] = {
     "partition-node": (1.0, 6.0),
     "kill-corosync": (0.5, 4.0),
     "spool-full": (1.0, 6.0),
+    "switchover": (4.0, 12.0),
 }
 # Mean gap between the starts of two faults: overlaps are the rule.
 MEAN_GAP_S = 1.5
@@ -71,8 +79,9 @@ SITES = ("p", "d")
 class Fault:
     """One fault: ``kind`` on ``target`` from ``start_s`` for ``duration_s``.
 
-    ``target``: ``p:2`` (node 2 of P), ``d`` (site D), ``wan:1``, ``wan:all``
-    or ``rules``; ``setting``: the WAN setting (``rate_bps=...``) or empty."""
+    ``target``: ``p:2`` (node 2 of P), ``d`` (site D), ``wan:1``, ``wan:all``,
+    ``rules`` or ``sites`` (both, for a switchover); ``setting``: the WAN
+    setting (``rate_bps=...``) or empty."""
 
     index: int
     kind: str
@@ -91,6 +100,8 @@ class Fault:
             return [f"{site}-nodes"]
         if site == "wan":
             return [f"wan-{n}" for n in range(1, nodes + 1)] if which == "all" else [f"wan-{which}"]
+        if site == "sites":
+            return [f"{s}-nodes" for s in SITES] + ["rules"]
         return [site]
 
     def describe(self) -> str:
@@ -148,6 +159,8 @@ def _target(rng: random.Random, kind: str, nodes: int) -> str:
         return rng.choice(SITES)
     if kind.startswith("wan-"):
         return "wan:all" if rng.random() < 0.3 else f"wan:{rng.randint(1, nodes)}"
+    if kind == "switchover":
+        return "sites"
     return "rules"
 
 

@@ -48,3 +48,15 @@ def test_the_corosync_schedule_also_crashes_corosync_and_cuts_nodes_off() -> Non
             site, _, node = fault.target.partition(":")
             assert site in ("p", "d") and 1 <= int(node) <= 3, fault
             assert fault.resources(3) == [f"{site}-nodes"]
+
+
+def test_a_switchover_takes_both_sites_and_the_rules_and_wan_faults_overlap_it() -> None:
+    schedule = make_schedule(13, 300)
+    switchovers = [f for f in schedule if f.kind == "switchover"]
+    assert switchovers
+    for fault in switchovers:
+        assert fault.resources(3) == ["p-nodes", "d-nodes", "rules"]
+    during = [
+        f for s in switchovers for f in schedule if f is not s and f.start_s < s.end_s < f.end_s
+    ]
+    assert all(f.kind.startswith("wan-") for f in during)

@@ -220,3 +220,17 @@ def test_a_failback_waiting_for_d_survives_a_snapshot() -> None:
     assert restored.failback_cseq == sites.p.state.failback_cseq > 0
     assert restored.guarded == GUARDED
     assert st.digest(restored) == st.digest(sites.p.state)
+
+
+def test_a_failback_before_p_heard_of_its_handover_waits_for_d_too() -> None:
+    # D applied the handover and was failed back while P's egress was still
+    # cut off: P never recorded the supersession, its queues are closed by
+    # the switchover itself.
+    sites = loaded()
+    sites.run(quiesce())
+    sites.run(handover())
+    sites.run(pc.SetEpoch(5))
+    state = sites.p.state
+    assert state.failback_cseq == state.cseq and state.switchover_to == ""
+    assert refusals(sites, pc.Publish("", "e.q", b"new", "new")) == []
+    assert len(refusals(sites, pc.Acquire("e.q", SA, 1, 1))) == 1
