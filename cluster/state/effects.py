@@ -283,3 +283,6 @@ Effect: TypeAlias = (
     | GenesisApplied
     | Verified
 )
+
+Effects: TypeAlias = list[Effect]
+"""What applying one command produced, in order (every handler appends to one)."""

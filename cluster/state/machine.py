@@ -34,7 +34,7 @@ from cluster.state.effects import (
     CONDITIONS,
     Delivered,
     Dequeued,
-    Effect,
+    Effects,
     Enqueued,
     GenesisApplied,
     IncarnationAccepted,
@@ -118,8 +118,6 @@ from protocol.cluster import (
     VerifyPoint,
 )
 from protocol.modes import check_declare_args, declare_refused
-
-Effects = list[Effect]
 
 
 def apply(state: SiteState, command: Command, *, sender: Sender | None = None) -> Effects:

@@ -16,7 +16,7 @@ from cluster.state.digests import content_digest
 from cluster.state.effects import (
     Conflict,
     Dequeued,
-    Effect,
+    Effects,
     Enqueued,
     Message,
     Outcome,
@@ -50,9 +50,6 @@ from protocol.cluster import (
     Verify,
 )
 from protocol.modes import Mode
-
-Effects = list[Effect]
-
 
 # --------------------------------------------------------------------------
 # Replicated commands: the merge rules

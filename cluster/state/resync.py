@@ -31,7 +31,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cluster.state.effects import Effect, Enqueued, Message, Outcome, ReplicatedOutcome, Sender
+from cluster.state.effects import (
+    Effects,
+    Enqueued,
+    Message,
+    Outcome,
+    ReplicatedOutcome,
+    Sender,
+)
 from cluster.state.merge import admit, record_applied
 from cluster.state.model import Queue, SiteState, StagedQueue, StagedResync
 from cluster.state.queues import delete_queue, drop_bindings_to
@@ -51,7 +58,6 @@ from protocol.errors import DrgateError
 from protocol.modes import Mode
 from protocol.snapshotrecords import encode_snapshot_record, iter_snapshot_untrusted
 
-Effects = list[Effect]
 # Commands per record when staging is written out again for a joining member.
 RECORD_COMMANDS = 1000
 

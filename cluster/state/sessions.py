@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from cluster.state.effects import Effect, Message, Released, Sender
+from cluster.state.effects import Effects, Message, Released, Sender
 from cluster.state.model import TEMPORARY_ARG, Queue, Session, SiteState, session_owner
 from cluster.state.queues import delete_queue
 from protocol.amqpsections import merge_annotations_untrusted
@@ -19,8 +19,6 @@ from protocol.cluster import Modify
 from protocol.errors import RemoteProtocolError
 
 __all__ = ["close_session", "members_left", "release", "site_restarted"]
-
-Effects = list[Effect]
 
 
 def members_left(state: SiteState, members: Iterable[Sender]) -> Effects:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 
-from cluster.state.effects import Effect, Promoted, Sender
+from cluster.state.effects import Effects, Promoted, Sender
 from cluster.state.merge import origin_record
 from cluster.state.model import SiteState
 from protocol.cluster import Switchover, SwitchoverPhase
@@ -53,7 +53,6 @@ __all__ = [
     "switchover",
 ]
 
-Effects = list[Effect]
 
 # How an operator ends a switchover that stopped half way.
 ABORT_HINT = "drgate switchover --abort --config SIDECAR.yaml, on a node of this site"
