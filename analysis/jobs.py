@@ -536,7 +536,7 @@ def run_job(
     else:
         tables = traffic(df, window_s)
     tables = {"segments": segments(df), **tables}
-    frames = {}
+    frames: dict[str, Any] = {}
     try:
         for name, table in tables.items():
             step(f"computing {name}")

@@ -224,16 +224,26 @@ def _stop_timeout(unit: UnitFile) -> float:
     return parse_seconds(unit.value("Service", "TimeoutStopSec"), DEFAULT_TIMEOUT_STOP_S)
 
 
-def _credentials(unit: UnitFile) -> dict[str, object]:
+@dataclass(frozen=True)
+class _Credentials:
+    """Whom a unit's process runs as (``User=``/``Group=``; None: as we do)."""
+
+    user: int | None = None
+    group: int | None = None
+    extra_groups: list[int] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _credentials(unit: UnitFile) -> _Credentials:
     user = unit.value("Service", "User")
     if user is None:
-        return {}
+        return _Credentials()
     entry = pwd.getpwnam(user)
     group = unit.value("Service", "Group")
     gid = grp.getgrnam(group).gr_gid if group else entry.pw_gid
     groups = os.getgrouplist(user, gid)
     env = {"HOME": entry.pw_dir, "USER": user, "LOGNAME": user}
-    return {"user": entry.pw_uid, "group": gid, "extra_groups": groups, "env": env}
+    return _Credentials(entry.pw_uid, gid, groups, env)
 
 
 def supervise(name: str) -> int:
@@ -242,7 +252,7 @@ def supervise(name: str) -> int:
     env = dict(os.environ, **unit.environment())
     argv = unit.exec_start(instance=instance, env=env)
     creds = _credentials(unit)
-    env.update(creds.pop("env", {}))  # type: ignore[call-overload]
+    env.update(creds.env)
     kill_signal = signal.Signals[unit.value("Service", "KillSignal") or "SIGTERM"]
     restart = unit.value("Service", "Restart") or "no"
     restart_s = parse_seconds(unit.value("Service", "RestartSec"), DEFAULT_RESTART_S)
@@ -270,7 +280,9 @@ def supervise(name: str) -> int:
             env=env,
             cwd=unit.value("Service", "WorkingDirectory") or "/",
             stdin=subprocess.DEVNULL,
-            **creds,  # type: ignore[arg-type]
+            user=creds.user,
+            group=creds.group,
+            extra_groups=creds.extra_groups,
         )
         while child.poll() is None and not stopping:
             with contextlib.suppress(subprocess.TimeoutExpired):
