@@ -27,7 +27,9 @@ cut would never reach an ``enqueue`` replica, so the queues the guard
 closed take publishes at once but give consumers nothing until the active
 egress announces D's acknowledgment of the failback's point
 (``AckWatermark``, :func:`failback_acknowledged`): ``failback_cseq``.
-``ABORT`` opens them without waiting, for a DR site that never comes back.
+``ABORT`` opens them without waiting, for a DR site that never comes back
+(a switchover started meanwhile is aborted first, by an ``ABORT`` of its
+own).
 
 Pure functions of the state, like the rest of :mod:`cluster.state`."""
 
@@ -68,15 +70,15 @@ def switchover(state: SiteState, cmd: Switchover, sender: Sender | None, eff: Ef
         state.switchover_time_us = cmd.time_us
         state.guarded = dict.fromkeys(cmd.guarded)
     elif cmd.phase == SwitchoverPhase.ABORT:
-        if state.failback_cseq:  # a failback waiting for its DR site: open now
+        if state.switchover_to == cmd.to_cluster and not state.superseded_by:
+            end(state)
+            if not state.failback_cseq:  # else its consumers still wait for D
+                state.guarded = {}
+        elif state.failback_cseq:  # a failback waiting for its DR site: open now
             state.failback_cseq = 0
             state.guarded = {}
-            return
-        if state.switchover_to != cmd.to_cluster or state.superseded_by:
+        else:
             state.count("ignored")
-            return
-        end(state)
-        state.guarded = {}
     # HANDOVER: nothing here; the taps forward it to D.
 
 
@@ -124,7 +126,8 @@ def failback_acknowledged(state: SiteState, origin: str, incarnation: int, cseq:
         return
     if cseq >= state.failback_cseq:
         state.failback_cseq = 0
-        state.guarded = {}
+        if not (state.superseded_by or state.switchover_to):  # else they stay closed
+            state.guarded = {}
 
 
 def failback_text(state: SiteState, queue: str) -> str:

@@ -216,8 +216,10 @@ async def _abort(member: AdminMember, to: str, steps: Steps, why: str) -> None:
 
 async def _abort_left(config: SidecarConfig, steps: Steps) -> dict[str, object]:
     async with open_admin_member(config.site, config.bus) as member:
+        to = member.state.switchover_to
         waiting = member.state.failback_cseq
-        if waiting:  # a failback waiting for D: open its queues now
+        if waiting and not to:
+            # A failback waiting for D, no switchover under way: open its queues now.
             to = config.peer_cluster
             with trio.CancelScope(shield=True):
                 await member.submit_and_wait(pc.Switchover(to, pc.SwitchoverPhase.ABORT, _now_us()))
@@ -227,7 +229,6 @@ async def _abort_left(config: SidecarConfig, steps: Steps) -> dict[str, object]:
                 f"{to}: the queues give consumers messages again",
             )
             return {"aborted_left": True, "to": to, "failback_wait_ended": True}
-        to = member.state.switchover_to
         if not to or member.state.superseded_by:
             raise DrgateError(
                 f"no switchover of {config.site} to abort"

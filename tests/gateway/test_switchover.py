@@ -234,3 +234,26 @@ def test_a_failback_before_p_heard_of_its_handover_waits_for_d_too() -> None:
     assert state.failback_cseq == state.cseq and state.switchover_to == ""
     assert refusals(sites, pc.Publish("", "e.q", b"new", "new")) == []
     assert len(refusals(sites, pc.Acquire("e.q", SA, 1, 1))) == 1
+
+
+def test_a_switchover_started_during_a_failback_wait_is_not_undone_by_d_acknowledging_it() -> None:
+    sites = handed_over_then_failed_back()
+    state = sites.p.state
+    failback_cseq = state.cseq
+    sites.run(quiesce())
+    apply(state, pc.AckWatermark("site-p", 42, failback_cseq, 2))
+    assert state.failback_cseq == 0 and state.switchover_to == "site-d"
+    (refused,) = refusals(sites, pc.Publish("", "f.q", b"late", "late"))
+    assert refused.reason == st.Reason.SWITCHOVER  # still quiesced
+
+
+def test_aborting_a_switchover_during_a_failback_wait_leaves_the_wait() -> None:
+    sites = handed_over_then_failed_back()
+    state = sites.p.state
+    sites.run(quiesce())
+    sites.run(abort())  # ends the switchover only
+    assert state.switchover_to == "" and state.failback_cseq > 0
+    assert refusals(sites, pc.Publish("", "e.q", b"x", "x")) == []
+    assert len(refusals(sites, pc.Acquire("e.q", SA, 1, 1))) == 1
+    sites.run(abort())  # and then the wait
+    assert state.failback_cseq == 0 and state.guarded == {}
