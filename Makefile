@@ -157,4 +157,5 @@ FAULTS ?= 200
 BUS    ?= embedded
 chaos: $(STAMP)
 	flock /tmp/drgate-corosync.lock $(PY) bench/chaos.py --faults $(FAULTS) --bus $(BUS) \
-	  $(if $(SEED),--seed $(SEED)) $(if $(START_TIMEOUT),--start-timeout $(START_TIMEOUT))
+	  $(if $(SEED),--seed $(SEED)) $(if $(START_TIMEOUT),--start-timeout $(START_TIMEOUT)) \
+	  $(if $(RATE_SCALE),--rate-scale $(RATE_SCALE))

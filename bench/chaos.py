@@ -33,9 +33,18 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds a restarted broker or sidecar may take to be ready (default 60; a "
         "200-fault corosync run on 2 cores needs about 180: its restarts wait for a core)",
     )
+    parser.add_argument(
+        "--rate-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="the publishers' rates times X (default 1; a 200-fault corosync run on 2 cores "
+        "keeps them at full rate at load 16 to 20, where restarts take minutes)",
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     options = ChaosOptions(seed=seed, faults=args.faults, bus=args.bus, workdir=args.workdir)
+    options = dataclasses.replace(options, rate_scale=args.rate_scale)
     if args.start_timeout is not None:
         options = dataclasses.replace(options, start_timeout_s=args.start_timeout)
     report = run_chaos(

@@ -109,6 +109,11 @@ class ChaosOptions:
     # long corosync run keeps 2 cores at a load average of 16: a broker's
     # journal replay then waits for a core ten times as long as it works.
     start_timeout_s: float = START_TIMEOUT_S
+    # The publishers' rates (RATE) times this.  At full rates a corosync run
+    # keeps 2 cores at a load average of 16 to 20 (a message costs the sites
+    # tens of ms of CPU at these rates, docs/performance.md), and a broker's
+    # restart takes minutes: a 200-fault run on such a machine takes a third.
+    rate_scale: float = 1.0
 
 
 @dataclass
@@ -165,10 +170,12 @@ class Clients:
         records: Path,
         rng: random.Random,
         down: Callable[[BrokerSite, int], bool],
+        rate_scale: float = 1.0,
     ) -> None:
         """``down(site, node)``: the schedule has that broker down (killed, or
         started and not yet ready: its old AMQP port may be anyone's now)."""
         self.two, self.records, self.rng, self.down = two, records, rng, down
+        self.rates = {q: max(1, round(r * rate_scale)) for q, r in RATE.items()}
         records.mkdir(parents=True, exist_ok=True)
         self.slots = [ClientSlot(f"pub-{q}", two.p, q, "publish") for q in QUEUES]
         self.slots += [ClientSlot(f"pcon-{q}", two.p, q, "consume") for q in P_CONSUMED]
@@ -242,8 +249,11 @@ class Clients:
         slot.record = self.records / f"{slot.name}-{slot.runs}.jsonl"
         args = [slot.op, url, slot.queue, "--record", str(slot.record)]
         if slot.op == "publish":
-            slot.batch = (slot.next_seq, int(RATE[slot.queue] * BATCH_S))
-        args += client_options(slot.op, slot.queue, at_p=site is self.two.p, start=slot.next_seq)
+            slot.batch = (slot.next_seq, int(self.rates[slot.queue] * BATCH_S))
+        args += client_options(
+            slot.op, slot.queue, at_p=site is self.two.p, start=slot.next_seq,
+            rate=self.rates[slot.queue],
+        )  # fmt: skip
         slot.popen = site.client_popen(node, *args)
         slot.started, slot.url = time.monotonic(), url
 
@@ -274,15 +284,19 @@ class Clients:
                 slot.not_before = time.monotonic() + P_CONSUME_PAUSE_S
 
 
-def client_options(op: str, queue: str, *, at_p: bool, start: int) -> list[str]:
+def client_options(
+    op: str, queue: str, *, at_p: bool, start: int, rate: int | None = None
+) -> list[str]:
     """A client run's options: a publisher's batch of ``BATCH_S`` at its rate
-    from ``start``; a consumer's count, idle time and credit.  Every run ends
-    on its own well within ``CLIENT_HANG_S``, however steady the flow."""
+    (``RATE``'s unless given) from ``start``; a consumer's count, idle time
+    and credit.  Every run ends on its own well within ``CLIENT_HANG_S``,
+    however steady the flow."""
     if op == "publish":
-        count = int(RATE[queue] * BATCH_S)
+        rate = RATE[queue] if rate is None else rate
+        count = int(rate * BATCH_S)
         return [
             "--count", str(count), "--start", str(start), "--prefix", queue,
-            "--rate", str(RATE[queue]), "--durable", "--window", "20",
+            "--rate", str(rate), "--durable", "--window", "20",
         ]  # fmt: skip
     if at_p:
         return ["--count", str(P_CONSUME_COUNT), "--idle", "2", "--credit", "10"]
@@ -351,6 +365,7 @@ class ChaosRun:
                     workdir / "records",
                     random.Random(opts.seed),
                     lambda site, n: (site.cluster, f"broker-{n}") in self.killed,
+                    opts.rate_scale,
                 )
                 clients.start()
                 self.log("clients started")
