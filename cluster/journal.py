@@ -347,18 +347,9 @@ class Journal:
         base = 0 if ckpt is None else ckpt.cseq
         seconds = time.perf_counter() - started
         cpu = time.process_time() - cpu_started
-        log.info(
-            "journal.recover cseq=%d checkpoint_cseq=%d checkpoint_bytes=%d frames=%d "
-            "seconds=%.3f cpu_seconds=%.3f rebuild_seconds=%.3f cleanup_seconds=%.3f",
-            state.cseq,
-            base,
-            0 if ckpt is None else ckpt.path.stat().st_size,
-            replayed,
-            seconds,
-            cpu,
-            rebuilt - started,
-            seconds - (rebuilt - started),
-        )
+        size = 0 if ckpt is None else ckpt.path.stat().st_size
+        times = (seconds, cpu, rebuilt - started, seconds - (rebuilt - started))
+        log.info("journal.recover cseq=%d checkpoint_cseq=%d checkpoint_bytes=%d frames=%d seconds=%.3f cpu_seconds=%.3f rebuild_seconds=%.3f cleanup_seconds=%.3f", state.cseq, base, size, replayed, *times)  # noqa: E501  # fmt: skip
         return RecoveredState(state, state.cseq, replayed, base, seconds, cpu)
 
     def _forget_older(self, used: _Checkpoint | None, chain: list[_Segment]) -> None:

@@ -515,12 +515,16 @@ class ChaosRun:
             return
         two = self.two
         d_config = str(two.d.workdir / "sidecar-1.yaml")
-        deadline = time.monotonic() + SWITCH_BACK_TIMEOUT_S
-        while True:
-            done = two.d.drgate(1, "failback", "--config", d_config, "--json")
-            if done.returncode == 0 or time.monotonic() > deadline:
-                break
-            time.sleep(1.0)
+        tries: list[subprocess.CompletedProcess[str]] = []
+
+        def accepted() -> bool:
+            tries.append(two.d.drgate(1, "failback", "--config", d_config, "--json"))
+            return tries[-1].returncode == 0
+
+        with contextlib.suppress(AssertionError):  # reported below, with D's answer
+            wait_for("D applied the handover and accepts P again", accepted,
+                     timeout=SWITCH_BACK_TIMEOUT_S)  # fmt: skip
+        done = tries[-1]
         if done.returncode != 0:
             self.problem(f"drgate failback at D failed: {done.stdout}{done.stderr}".strip())
             return
