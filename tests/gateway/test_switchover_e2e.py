@@ -118,5 +118,22 @@ def test_a_switchover_that_cannot_drain_aborts_then_one_under_load_hands_the_rol
         "D's enqueue replica has what P took after the failback",
         lambda: queues(two.d.describe(2)).get("q-enq", {}).get("depth", 0) == 5,
     )
-    late = two.p.client(1, "consume", two.p.amqp[1], "q-enq", "--count", "5", "--idle", "30")
-    assert late["received"] == 5 and not late["error"], late
+    # D holding the messages is not yet P knowing it: the wait ends when D's
+    # acknowledgement of the failback's point is applied at P (its /status
+    # shows it), and a consumer refused before that tries again.
+    wait_for(
+        "P learned that D holds the failback's point",
+        lambda: status(two, "site-p", 1)["failback_wait_cseq"] == 0,
+    )
+    taken: list[str] = []
+
+    def consume_the_rest() -> bool:
+        late = two.p.client(
+            1, "consume", two.p.amqp[1], "q-enq", "--count", str(5 - len(taken)), "--idle", "5"
+        )
+        assert not late["error"] or "until the DR site holds site-p" in late["error"], late
+        taken.extend(late["ids"])
+        return len(taken) == 5
+
+    wait_for("P's consumer took the 5 messages", consume_the_rest)
+    assert sorted(taken) == [f"back-{n}" for n in range(1, 6)]
