@@ -240,6 +240,14 @@ class NodeJournal:
             self.journal.append_members_left(left)
             self._appended()
 
+    def on_rejoin(self) -> None:
+        """The state is stale (a rejoin, or a site starting over): nothing is
+        journaled until a snapshot or the recovery replaces it."""
+        self._started = False
+        self._frame = []
+        self._seen = 0
+        self._verbatim = True
+
     def after_restore(self) -> None:
         """A snapshot (or the recovery) replaced the state: the journal starts
         again from it."""

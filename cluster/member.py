@@ -57,6 +57,7 @@ import trio
 from cluster import state as st
 from cluster.bus import BusConfig, BusMember, Delivery, MemberId, ViewChange, open_bus
 from cluster.membership import (
+    Action,
     AnnounceHave,
     Membership,
     Rejoin,
@@ -260,6 +261,8 @@ class SiteMember:
         self._frames_applied = 0  # own frames come back and applied
         self._barrier_events: dict[int, list[_Applied]] = {}
         self._pending_restore: bytes | None = None
+        self._last_have: pc.JoinHave | None = None  # said again at each view while waiting
+        self._restore_at_genesis = False  # an in-memory site started over (_start_over)
         self._nursery: trio.Nursery | None = None
         # The frame whose commands the observer's hooks are told of, as the
         # bus delivered it (a journal keeps these bytes: cluster/durability.py).
@@ -428,13 +431,7 @@ class SiteMember:
         else:
             self._apply_view(view)
         for action in actions:
-            if isinstance(action, StartGenesis):
-                self._start_genesis(action)
-            elif isinstance(action, SendSnapshot):
-                self._send_snapshot(action)
-            elif isinstance(action, AnnounceHave):
-                self._announce_have()
-            elif isinstance(action, Rejoin):
+            if isinstance(action, Rejoin):
                 log.warning(
                     "this member was in a minority partition while the site went on: "
                     "dropping its state and joining again by state transfer"
@@ -444,8 +441,55 @@ class SiteMember:
                 self._have_from = None
                 self._observer.on_rejoin()
                 self._post_join_have({})
+            else:
+                self._act(action)
         if view.left:
             log.info("members left: %s", ", ".join(map(str, view.left)))
+
+    def _act(self, action: Action) -> None:
+        """Do what the membership said (all but ``Rejoin``, which needs its view)."""
+        if isinstance(action, StartGenesis):
+            if action.start_over:
+                self._start_over()
+            self._start_genesis(action)
+        elif isinstance(action, SendSnapshot):
+            self._send_snapshot(action)
+        elif isinstance(action, AnnounceHave) and action.again:
+            assert self._last_have is not None
+            self.post(self._last_have)
+        elif isinstance(action, AnnounceHave):
+            self._announce_have()
+
+    def _start_over(self) -> None:
+        """Nobody in the view holds the site state (cluster/membership.py,
+        "Start over"): the site starts as after a whole-site restart.  The
+        state this member held, stale or not, is set aside: a broker offers it
+        to the site's recovery when it is ahead of its journal."""
+        held, got = self.state, self.recovered
+        ahead = got is None or got.incarnation != held.incarnation or held.cseq >= got.cseq
+        if self.role == Role.BROKER and held.incarnation != 0 and ahead:
+            self.recovered = held
+        log.warning(
+            "every member of site %s's view waits for a state transfer and none holds the "
+            "state (a partition left no side with quorum): the site starts again as after a "
+            "whole-site restart (%s)",
+            self.cluster,
+            "its brokers' journals and states are the candidates"
+            if self.bus_config.expect_brokers > 0
+            else "in memory only: its state is lost and it starts as a new incarnation",
+        )
+        self.state = st.new_state()
+        # In memory only, the lowest member's Genesis starts the new state; a
+        # sidecar reopens its spool then, as after a restore.
+        self._restore_at_genesis = self.bus_config.expect_brokers == 0
+        self._recovery_sent = False
+        self._pending_restore = None
+        self._have_from = None
+        assert self._assembly is not None
+        self._assembly.reset()
+        if self._buffer is None:  # held the state until now: nothing buffered to replay
+            self._buffer = []
+        self._observer.on_rejoin()
 
     def _apply_view(self, view: ViewChange) -> None:
         effects = st.members_left(self.state, view.left) if view.left else []
@@ -597,15 +641,14 @@ class SiteMember:
             )
             packed, self._have_from = b"", None
         got = self._have_from
-        self.post(
-            pc.JoinHave(
-                self.me.node,
-                self.me.pid,
-                0 if got is None else got.incarnation,
-                0 if got is None else got.cseq,
-                packed,
-            )
+        self._last_have = pc.JoinHave(
+            self.me.node,
+            self.me.pid,
+            0 if got is None else got.incarnation,
+            0 if got is None else got.cseq,
+            packed,
         )
+        self.post(self._last_have)
 
     def _delta_for(self, action: SendSnapshot) -> st.DeltaSnapshot:
         """The snapshot for ``action``'s joiner: a delta when its journal is of
@@ -666,12 +709,20 @@ class SiteMember:
         except DrgateError:
             return
         for ref in refs:
+            if ref[0] == pc.Kind.MEMBER_READY:
+                self.membership.on_member_ready(event.sender)
+                continue
             if ref[0] == pc.Kind.JOIN_HAVE:
-                with contextlib.suppress(DrgateError):
+                try:
                     have = pc.decode_ref_untrusted(event.payload, ref)
-                    assert isinstance(have, pc.JoinHave)
-                    # Not ready: nothing to donate yet (SendSnapshot needs it).
-                    self.membership.on_join_have(event.sender, have)
+                except DrgateError:
+                    continue
+                assert isinstance(have, pc.JoinHave)
+                # Not ready: nothing to donate yet, but nobody may be.
+                for action in self.membership.on_join_have(event.sender, have):
+                    self._act(action)
+                if self._buffer is None:  # the site started over here
+                    return
                 continue
             if ref[0] != pc.Kind.STATE_CHUNK:
                 continue
@@ -762,14 +813,16 @@ class SiteMember:
                 self._after_recovering()
             elif isinstance(cmd, pc.RecoveryChunk):
                 self._take_recovery_chunk(cmd, event.sender)
+            elif isinstance(cmd, pc.Genesis) and self._restore_at_genesis:
+                self._restore_at_genesis = False
+                self._observer.after_restore()
             if self.state.incarnation != 0 and not self.site_live.is_set():
                 self.site_live.set()
             self._observer.after_command(cmd, effects, event.sender, own)
         for have in haves if live else ():
             # After the whole frame: the snapshot is cut here.
             for action in self.membership.on_join_have(event.sender, have):
-                if isinstance(action, SendSnapshot):
-                    self._send_snapshot(action)
+                self._act(action)
         if own:
             self._frames_applied += 1
             for waiter in self._barrier_events.pop(self._frames_applied, ()):

@@ -43,6 +43,18 @@ Rules, applied identically by every member from the same stream:
   ``JoinHave`` of the same joiner (an empty one: its journal could not fill
   a delta) makes the donor serve it again.
 
+* **Waiting members say it again.**  At every view change a member still
+  waiting for a snapshot multicasts its ``JoinHave`` again (the same one: a
+  donor that already served it does not serve it twice).
+* **Start over.**  When every member of a quorate view has multicast a
+  ``JoinHave`` since the last view change and none a ``MemberReady``, nobody
+  in the view holds the site state: a partition left no side quorate and
+  every member rejoined at the merge, so no donor will ever come.  Every
+  member decides it at the same delivery (virtual synchrony) and the site
+  starts as after a whole-site restart (``StartGenesis(start_over=True)``):
+  the state each member held becomes its broker's candidate beside its
+  journal (cluster/member.py).
+
 * **Transfer.** The donor's snapshot travels in ``StateChunk`` commands
   addressed to the joiner; a transfer is named by its donor *and* the donor's
   transfer number (the numbers are each donor's own count), and a chunk of
@@ -73,7 +85,10 @@ class SendSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class AnnounceHave:
-    """This member joined a live site: multicast its ``JoinHave`` now."""
+    """This member joined a live site: multicast its ``JoinHave`` now;
+    ``again``: the one it multicast last (a view changed while it waits)."""
+
+    again: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +102,12 @@ class Rejoin:
 @dataclass(frozen=True, slots=True)
 class StartGenesis:
     """Start from the empty state here; ``announce`` says whether this member
-    multicasts the ``Genesis`` command (the lowest of the cohort does)."""
+    multicasts the ``Genesis`` command (the lowest of the cohort does);
+    ``start_over``: nobody in the view held the state (module docstring,
+    "Start over"), so what this member held is set aside as a candidate."""
 
     announce: bool
+    start_over: bool = False
 
 
 Action = SendSnapshot | StartGenesis | Rejoin | AnnounceHave
@@ -119,12 +137,18 @@ class Membership:
     departed_ready: set[MemberId] = field(default_factory=set)
     # I was ready in a view without quorum since then.
     minority_seen: bool = False
+    # Since the last view change: who multicast a JoinHave, and whether
+    # anyone a MemberReady (module docstring, "Start over").
+    announced: set[MemberId] = field(default_factory=set)
+    ready_announced: bool = False
     _joined: bool = False
 
     def on_view(self, view: ViewChange) -> list[Action]:
         """A view change was delivered; what this member must do now."""
         self.members = view.members
         self.quorate = view.quorate
+        self.announced.clear()
+        self.ready_announced = False
         returned = set(view.joined) & self.departed_ready
         if self._joined and self.is_ready and returned and self.minority_seen:
             # A partition healed and I was on the side without quorum while
@@ -169,7 +193,7 @@ class Membership:
         if not self.is_ready:
             if not self.older:
                 return self._genesis(self.cohort & set(view.members))
-            return []
+            return [AnnounceHave(again=True)]
         return self._donations()
 
     def on_delivery(self) -> None:
@@ -180,6 +204,7 @@ class Membership:
         if member in self.members:
             self.ready.add(member)
             self.haves.pop(member, None)
+            self.ready_announced = True
 
     def on_join_have(self, member: MemberId, have: JoinHave) -> list[Action]:
         """``member``'s ``JoinHave`` was delivered (call it at delivery, after
@@ -187,8 +212,12 @@ class Membership:
         the whole frame is applied: the cut is there)."""
         if member not in self.members or member in self.ready:
             return []
+        self.announced.add(member)
+        if self.haves.get(member) != have:
+            self.served.discard(member)  # a different one asks again
         self.haves[member] = have
-        self.served.discard(member)  # a second one asks again
+        if self.quorate and not self.ready_announced and self.announced >= set(self.members):
+            return self._start_over()
         if not self.is_ready:
             return []
         return self._donations()
@@ -215,6 +244,17 @@ class Membership:
         self.older.clear()
         actions: list[Action] = [StartGenesis(announce=self.me == min(self.ready))]
         return actions + self._donations()
+
+    def _start_over(self) -> list[Action]:
+        """Nobody in this quorate view holds the state (module docstring,
+        "Start over"): every member of it starts the site again."""
+        self.is_ready = True
+        self.ready = set(self.members)
+        self.minority_seen = False
+        for waiting in (self.older, self.cohort, self.served, self.departed_ready, self.announced):
+            waiting.clear()
+        self.haves.clear()
+        return [StartGenesis(announce=self.me == min(self.members), start_over=True)]
 
     def _donations(self) -> list[Action]:
         if self.donor() != self.me:

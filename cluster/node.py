@@ -293,6 +293,8 @@ class BrokerNode(NullObserver):
         # Our publishes in flight were in the dropped stream: none will settle.
         self._inflight.clear()
         self._inflight_bytes = 0
+        if self.durability is not None:
+            self.durability.on_rejoin()
 
     def quorate(self) -> bool:
         if self.member.recovering:

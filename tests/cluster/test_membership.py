@@ -177,3 +177,92 @@ def test_a_new_donor_restarts_the_transfer_and_a_reset_forgets_it() -> None:
     assert assembly.on_chunk(A, chunk(B, 1, 1, True, b"old")) is None
     assembly.reset()
     assert assembly.on_chunk(C, chunk(B, 1, 1, True, b"new")) is None
+
+
+def isolate_then_merge(*ms: Membership) -> None:
+    """Every member starts the site, then finds itself alone in a view
+    without quorum (a partition that left no side quorate), then the site
+    merges again: each member rejoins, as the members returning were ready."""
+    everyone = tuple(m.me for m in ms)
+    for m in ms:
+        m.on_view(view(1, everyone, joined=everyone))
+    for m in ms:
+        others = tuple(x for x in everyone if x != m.me)
+        m.on_view(view(2, (m.me,), left=others, quorate=False))
+        assert m.on_view(view(3, everyone, joined=others)) == [Rejoin()]
+
+
+def announce(ms: tuple[Membership, ...], sender: MemberId) -> list[list]:
+    """``sender``'s JoinHave delivered to every member; what each must do."""
+    out = []
+    for m in ms:
+        m.on_delivery()
+        out.append(m.on_join_have(sender, have(sender)))
+    return out
+
+
+def test_a_partition_that_left_no_side_quorate_starts_the_site_over_when_all_announced() -> None:
+    # Found by the chaos run (seed 2025): every D node alone at once, then the
+    # merge made every member drop its state and wait for a donor that no
+    # longer existed; a broker restarted later never became ready.
+    ms = (Membership(A), Membership(B), Membership(C))
+    isolate_then_merge(*ms)
+    assert announce(ms, A) == [[], [], []]
+    assert announce(ms, B) == [[], [], []]
+    assert announce(ms, C) == [
+        [StartGenesis(announce=True, start_over=True)],
+        [StartGenesis(announce=False, start_over=True)],
+        [StartGenesis(announce=False, start_over=True)],
+    ]
+    for m in ms:
+        assert m.is_ready and m.ready == {A, B, C} and m.donor() == A
+
+
+def test_members_waiting_for_a_donor_announce_again_at_each_view_change() -> None:
+    # A and B merge first (both rejoin), then C: B's and C's JoinHave come
+    # after the second view, so each waiting member says again what it has.
+    a, b, c = Membership(A), Membership(B), Membership(C)
+    for m in (a, b, c):
+        m.on_view(view(1, (A, B, C), joined=(A, B, C)))
+        m.on_view(view(2, (m.me,), left=tuple({A, B, C} - {m.me}), quorate=False))
+    assert a.on_view(view(3, (A, B), joined=(B,))) == [Rejoin()]
+    assert b.on_view(view(3, (A, B), joined=(A,))) == [Rejoin()]
+    assert announce((a, b), A) == [[], []]
+    assert a.on_view(view(4, (A, B, C), joined=(C,))) == [AnnounceHave(again=True)]
+    assert b.on_view(view(4, (A, B, C), joined=(C,))) == [AnnounceHave(again=True)]
+    assert c.on_view(view(4, (A, B, C), joined=(A, B))) == [Rejoin()]
+    assert announce((a, b, c), B) == [[], [], []]
+    assert announce((a, b, c), C) == [[], [], []]  # A's came before the view
+    assert announce((a, b, c), A)[0] == [StartGenesis(announce=True, start_over=True)]
+
+
+def test_no_start_over_while_a_member_became_ready_or_without_quorum() -> None:
+    ms = (Membership(A), Membership(B), Membership(C))
+    isolate_then_merge(*ms)
+    announce(ms, A)
+    for m in ms:
+        m.on_member_ready(B)  # B got a snapshot after all: it holds the state
+    announce(ms, B)
+    assert announce(ms, C) == [[], [], []]
+    lone = Membership(A)
+    lone.on_view(view(1, (A, B), joined=(A, B)))
+    lone.on_view(view(2, (A,), left=(B,), quorate=False))
+    lone.on_view(view(3, (A, B), joined=(B,), quorate=False))
+    lone.on_delivery()
+    assert lone.on_join_have(A, have(A)) == []
+
+
+def test_a_donor_does_not_serve_again_a_join_have_said_again() -> None:
+    a = Membership(A)
+    a.on_view(view(1, (A,), joined=(A,)))
+    a.on_view(view(2, (A, B), joined=(B,)))
+    a.on_delivery()
+    assert a.on_join_have(B, have(B)) == [SendSnapshot(B, 1, have(B))]
+    a.on_view(view(3, (A, B, C), joined=(C,)))
+    a.on_delivery()
+    assert a.on_join_have(B, have(B)) == []  # the same, said at the view change
+    a.on_delivery()
+    assert a.on_join_have(C, have(C)) == [SendSnapshot(C, 2, have(C))]
+    # A different one (its delta could not be filled) asks again.
+    a.on_delivery()
+    assert a.on_join_have(B, have(B, q=(1, 2))) == [SendSnapshot(B, 5, have(B, q=(1, 2)))]
