@@ -248,7 +248,7 @@ class Spool:
         for first, last in chain.losses:
             self._marks.lose(first, last)
         # Segments wholly acked before a crash between trim's state write and unlink.
-        self._delete_acked()
+        self._segs.drop_through(self._marks.trimmed_upto)
         if chain.losses:
             self._save_state()
 
@@ -419,20 +419,11 @@ class Spool:
             return 0
         if not self._try_save_state():
             return 0
-        return self._delete_acked()
+        return self._segs.drop_through(self._marks.trimmed_upto)
 
     def mark_resynced(self, upto_seq: int) -> None:
         """D was brought to ``upto_seq`` by a resync snapshot: trim, and clear the overflow."""
         self.trim(upto_seq)
-
-    def _delete_acked(self) -> int:
-        segs, deleted = self._segs, 0
-        while segs.segments and segs.segments[0].last_seq <= self._marks.trimmed_upto:
-            segs.drop_head()
-            deleted += 1
-        if deleted:
-            segs.sync_dir()
-        return deleted
 
     @property
     def failing(self) -> bool:

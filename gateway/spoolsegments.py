@@ -171,6 +171,16 @@ class SegmentSet:
         seg.path.unlink(missing_ok=True)
         return seg
 
+    def drop_through(self, seq: int) -> int:
+        """Delete every segment whose last seq is at or below ``seq``; how many."""
+        deleted = 0
+        while self.segments and self.segments[0].last_seq <= seq:
+            self.drop_head()
+            deleted += 1
+        if deleted:
+            self.sync_dir()
+        return deleted
+
     def close_active(self, *, sync: bool = True) -> None:
         fd, self.fd = self.fd, None
         if fd is None:

@@ -79,6 +79,9 @@ from protocol.durablecommands import have_ranges_untrusted as have_ranges_untrus
 from protocol.durablecommands import pack_have_ranges as pack_have_ranges  # noqa: PLC0414
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.modes import Mode, Role
+from protocol.resynccommands import ResyncApply as ResyncApply  # noqa: PLC0414
+from protocol.resynccommands import ResyncCommit as ResyncCommit  # noqa: PLC0414
+from protocol.resynccommands import ResyncStage as ResyncStage  # noqa: PLC0414
 from protocol.switchovercommands import Switchover as Switchover  # noqa: PLC0414
 from protocol.switchovercommands import SwitchoverPhase as SwitchoverPhase  # noqa: PLC0414
 from protocol.values import ValueMap
@@ -537,102 +540,6 @@ class Replicated(_CommandBase):
     origin_time_us: int
     modes: tuple[Mode, ...]
     commands: tuple[Command, ...]
-
-
-# key=origin cluster  meta: incarnation u64 | cut u64 | epoch u32 | index u32
-#                     tail: snapshot records (protocol/snapshotrecords.py)
-@_command(
-    Kind.RESYNC_STAGE,
-    key="origin_cluster",
-    meta=[
-        ("incarnation", Int64ub),
-        ("cut", Int64ub),
-        ("epoch", Int32ub),
-        ("index", Int32ub),
-    ],
-    tail="records",
-)
-@dataclass(frozen=True, slots=True)
-class ResyncStage(_CommandBase):
-    """Piece ``index`` (from 0) of a resync snapshot of ``origin_cluster`` cut
-    at its ``cut`` cseq: every member decodes it into a staging area no client
-    sees, and the ``ResyncCommit`` that ends the resync installs it.  Piece 0
-    starts a new staging (dropping any unfinished one of that origin).
-
-    ``records`` is a sequence of ``u32 length | bus frame`` records (see
-    protocol/snapshotrecords.py); each frame holds ``Replicated`` commands
-    whose inner commands (exchange and queue declares, binds, enqueues)
-    describe the origin's state at the cut."""
-
-    origin_cluster: str
-    incarnation: int
-    cut: int
-    epoch: int
-    index: int
-    records: Body = b""
-
-
-# key=origin cluster  meta: incarnation u64 | cut u64 | epoch u32 | origin_time_us u64
-#                     tail: the snapshot (protocol/snapshotrecords.py)
-@_command(
-    Kind.RESYNC_APPLY,
-    key="origin_cluster",
-    meta=[
-        ("incarnation", Int64ub),
-        ("cut", Int64ub),
-        ("epoch", Int32ub),
-        ("origin_time_us", Int64ub),
-    ],
-    tail="snapshot",
-)
-@dataclass(frozen=True, slots=True)
-class ResyncApply(_CommandBase):
-    """A whole resync snapshot of ``origin_cluster``'s replicated queues, cut
-    at its ``cut`` cseq, applied by every member at this one point of the
-    stream: a ``ResyncStage`` of index 0 and a ``ResyncCommit`` of one piece
-    in a single command.  (The ingress sends stages and a commit; this form
-    is kept for small snapshots, tests and captures made before them.)
-
-    ``snapshot`` is a sequence of ``u32 length | bus frame`` records (see
-    protocol/snapshotrecords.py); each frame holds ``Replicated`` commands
-    whose inner commands (exchange and queue declares, binds, enqueues)
-    describe the origin's state at the cut.  It stays opaque bytes until applied.
-    """
-
-    origin_cluster: str
-    incarnation: int
-    cut: int
-    epoch: int
-    origin_time_us: int
-    snapshot: Body = b""
-
-
-# key=origin cluster  meta: incarnation u64 | cut u64 | epoch u32 | origin_time_us u64
-#                           | pieces u32
-@_command(
-    Kind.RESYNC_COMMIT,
-    key="origin_cluster",
-    meta=[
-        ("incarnation", Int64ub),
-        ("cut", Int64ub),
-        ("epoch", Int32ub),
-        ("origin_time_us", Int64ub),
-        ("pieces", Int32ub),
-    ],
-)
-@dataclass(frozen=True, slots=True)
-class ResyncCommit(_CommandBase):
-    """The end of a staged resync of ``origin_cluster`` cut at ``cut``: every
-    member installs, at this one point of the stream, the ``pieces``
-    ``ResyncStage`` pieces it staged, replacing what the site holds of the
-    origin.  Staged pieces of another cut, epoch or count install nothing."""
-
-    origin_cluster: str
-    incarnation: int
-    cut: int
-    epoch: int
-    origin_time_us: int
-    pieces: int
 
 
 Command: TypeAlias = (
