@@ -17,6 +17,7 @@ from filters.matcher import RuleSet
 from gateway.content import MESSAGE_MODES
 from protocol import cluster as pc
 from protocol.modes import Mode
+from protocol.values import Value
 
 if TYPE_CHECKING:
     from gateway.sidecar import SidecarConfig
@@ -44,9 +45,15 @@ def post_superseded(member: SiteMember, config: SidecarConfig, rules: RuleSet, e
     modes: Sequence[Mode] = ()
     if guard != "off":
         modes = (Mode.FULL,) if guard == "full" else MESSAGE_MODES
-    guarded = replicated_queues(rules, state, modes)
+    # Every queue replicated with messages waits for D after a failback; the
+    # guard closes those of its modes to publishes (None).
+    guarded: dict[str, Value] = dict.fromkeys(
+        replicated_queues(rules, state, MESSAGE_MODES), pc.FAILBACK_ONLY
+    )
+    guarded.update(replicated_queues(rules, state, modes))
     if state.switchover_to == config.peer_cluster:
         guarded.update(state.guarded)  # closed for the handover: they stay closed
+    closed = sum(1 for only in guarded.values() if only is None)
     member.post(pc.Superseded(config.peer_cluster, int(time.time() * 1e6), guarded))
     log.error(
         "egress: %s was promoted over %s: %s. Zombie guard (%s): publishes to %d "
@@ -55,7 +62,7 @@ def post_superseded(member: SiteMember, config: SidecarConfig, rules: RuleSet, e
         config.site,
         error,
         guard,
-        len(guarded),
+        closed,
     )
 
 

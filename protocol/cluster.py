@@ -421,6 +421,12 @@ class SetEpoch(_CommandBase):
     epoch: int
 
 
+FAILBACK_ONLY = "failback"
+"""A ``Superseded`` queue's value: open to publishes (the zombie guard does
+not cover it), yet after a failback its consumers wait for the DR site like
+the guarded queues'."""
+
+
 # key=the site that superseded this one  meta: time_us u64 | guarded map
 @_command(
     Kind.SUPERSEDED,
@@ -431,8 +437,10 @@ class SetEpoch(_CommandBase):
 class Superseded(_CommandBase):
     """At a primary: ``by_cluster`` was promoted over this site (its egress was
     refused with STALE_EPOCH).  Publishes to the queues named in ``guarded``
-    (the keys; the values are unused) are refused from now on: they could never
-    reach the site that took over."""
+    with the value None are refused from now on: they could never reach the
+    site that took over.  Every queue named, also those with the value
+    :data:`FAILBACK_ONLY`, gives consumers nothing after a failback until the
+    DR site holds this site's state again."""
 
     by_cluster: str
     time_us: int

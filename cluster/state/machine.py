@@ -76,6 +76,7 @@ from cluster.state.switchover import (
 )
 from cluster.state.switchover import end as end_switchover
 from protocol.cluster import (
+    FAILBACK_ONLY,
     Accept,
     AcceptIncarnation,
     AcceptPrimary,
@@ -807,7 +808,8 @@ def _superseded(state: SiteState, cmd: Superseded, sender: Sender | None, eff: E
         return
     state.superseded_by = cmd.by_cluster
     state.superseded_time_us = cmd.time_us
-    state.guarded = dict.fromkeys(cmd.guarded)
+    state.guarded = {q: None for q, only in cmd.guarded.items() if only != FAILBACK_ONLY}
+    state.failback_queues = dict.fromkeys(cmd.guarded)
     state.failback_cseq = 0  # superseded again: the guard, not a failback, holds them
     if state.switchover_to != cmd.by_cluster:
         end_switchover(state)  # else it records the handover (switchover.handed_over)

@@ -470,6 +470,7 @@ class SiteState:
         "epoch",
         "exchanges",
         "failback_cseq",
+        "failback_queues",
         "guarded",
         "handovers",
         "incarnation",
@@ -521,9 +522,12 @@ class SiteState:
         self.handovers: dict[str, None] = {}
         # After a failback here (SetEpoch while superseded): its cseq, until
         # the DR site acknowledged P's stream up to it (AckWatermark); the
-        # ``guarded`` queues take publishes again but give consumers nothing
+        # ``failback_queues`` take publishes again but give consumers nothing
         # until then (cluster/state/switchover.py).  0: none.
         self.failback_cseq = 0
+        # The queues that wait for it: those the rules replicate with messages
+        # (Superseded names them all; ``guarded`` only those the guard closed).
+        self.failback_queues: dict[str, None] = {}
         # Journals (cluster/journal.py): the highest cseq a broker has on disk
         # (Durable), and, while a site that started with no member alive waits
         # for its brokers, what each recovered: node -> (pid, cseq,

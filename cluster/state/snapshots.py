@@ -39,6 +39,8 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
                                                site; from version 5)
                   | failback_cseq u64         (a failback waiting for its DR
                                                site; from version 6)
+                  | u32 n | n x failback queue str16  (the queues that wait
+                                               for it; from version 7)
     origin     := name str16 | incarnation u64 | epoch u32 | promoted u8
                   | promoted_time_us u64 | last_time_us u64 | last_cseq u64
                   | refused_incarnation u64 | u32 n | n x (incarnation u64 | cseq u64)
@@ -116,8 +118,8 @@ MAGIC = b"DRGS"
 # (flag 8; versions 2 and 3 read as messages without it).  5: a planned
 # switchover under way (earlier versions read as none).  6: a failback
 # waiting for its DR site (earlier versions read as none).
-SNAPSHOT_VERSION = 6
-_READABLE_VERSIONS = (2, 3, 4, 5, SNAPSHOT_VERSION)
+SNAPSHOT_VERSION = 7
+_READABLE_VERSIONS = (2, 3, 4, 5, 6, SNAPSHOT_VERSION)
 
 _HEAD = struct.Struct(">4sHH")
 _U8 = struct.Struct(">B")
@@ -362,6 +364,9 @@ def _snapshot(
     for name in state.handovers:
         _str16(out, name)
     out.append(_U64.pack(state.failback_cseq))
+    out.append(_U32.pack(len(state.failback_queues)))
+    for name in state.failback_queues:
+        _str16(out, name)
     try:
         return b"".join(out)
     except TypeError as exc:  # pragma: no cover - a body that is not bytes
@@ -667,6 +672,10 @@ def _restore(r: _Reader, bodies: SiteState | None) -> SiteState:
         st.handovers = {r.str16(): None for _ in range(r.u32())}
     if version >= 6:
         st.failback_cseq = r.u64()
+    if version >= 7:
+        st.failback_queues = {r.str16(): None for _ in range(r.u32())}
+    elif st.failback_cseq:
+        st.failback_queues = dict(st.guarded)  # version 6 waited on the guarded queues
     if r.off != len(data):
         raise RemoteProtocolError(f"snapshot has {len(data) - r.off} trailing bytes")
     for q in st.queues.values():

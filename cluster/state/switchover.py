@@ -23,8 +23,10 @@ change nothing at D.
 Back at P, ``drgate failback`` (``SetEpoch``) ends the supersession, and D,
 which forgot what it applied of P, is resynced by P's next link.  A message
 published after the failback and taken by a consumer before the resync's
-cut would never reach an ``enqueue`` replica, so the queues the guard
-closed take publishes at once but give consumers nothing until the active
+cut would never reach an ``enqueue`` replica, so the queues replicated with
+messages (``failback_queues``: those the guard closed and, with
+``zombie_guard: full``, the ``enqueue`` ones it left open) take publishes
+at once but give consumers nothing until the active
 egress announces D's acknowledgment of the failback's point
 (``AckWatermark``, :func:`failback_acknowledged`): ``failback_cseq``.
 ``ABORT`` opens them without waiting, for a DR site that never comes back
@@ -76,7 +78,7 @@ def switchover(state: SiteState, cmd: Switchover, sender: Sender | None, eff: Ef
                 state.guarded = {}
         elif state.failback_cseq:  # a failback waiting for its DR site: open now
             state.failback_cseq = 0
-            state.guarded = {}
+            state.guarded, state.failback_queues = {}, {}
         else:
             state.count("ignored")
     # HANDOVER: nothing here; the taps forward it to D.
@@ -106,17 +108,19 @@ def closed_to_publishes(state: SiteState, queue: str) -> bool:
 def failing_back(state: SiteState, queue: str) -> bool:
     """Does ``queue`` give consumers nothing until the DR site holds this
     site's state again (after a failback)?"""
-    return bool(state.failback_cseq) and queue in state.guarded
+    return bool(state.failback_cseq) and queue in state.failback_queues
 
 
 def failback(state: SiteState) -> None:
     """``SetEpoch`` at a superseded site, or one whose handover D applied
-    before P heard of it: the queues the guard or the switchover closed stay
+    before P heard of it: the queues replicated with messages (those the
+    guard or the switchover closed, and those the guard left open) stay
     closed to consumers until the DR site acknowledges this point."""
-    if state.guarded and (state.superseded_by or state.switchover_to):
+    if (state.guarded or state.failback_queues) and (state.superseded_by or state.switchover_to):
         state.failback_cseq = state.cseq
+        state.failback_queues.update(state.guarded)
     else:
-        state.guarded = {}
+        state.guarded, state.failback_queues = {}, {}
 
 
 def failback_acknowledged(state: SiteState, origin: str, incarnation: int, cseq: int) -> None:
@@ -126,6 +130,7 @@ def failback_acknowledged(state: SiteState, origin: str, incarnation: int, cseq:
         return
     if cseq >= state.failback_cseq:
         state.failback_cseq = 0
+        state.failback_queues = {}
         if not (state.superseded_by or state.switchover_to):  # else they stay closed
             state.guarded = {}
 

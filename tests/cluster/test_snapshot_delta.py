@@ -91,16 +91,17 @@ def test_an_empty_announcement_elides_nothing() -> None:
 
 def test_a_version_2_snapshot_still_restores_and_cannot_elide() -> None:
     recovered, site = journal_and_site()
-    assert SNAPSHOT_VERSION == 6
-    # Version 2 is version 6 without the recoveries' count, the switchover
-    # and the failback (26 bytes at the end: none here) and without messages'
-    # broker state (none here either); version 5 without the failback (8).
-    v6 = snapshot(site)
-    v2 = v6[:4] + (2).to_bytes(2, "big") + v6[6:-26]
-    assert snapshot(restore_untrusted(v2)) == v6
-    v5 = v6[:4] + (5).to_bytes(2, "big") + v6[6:-8]
-    assert snapshot(restore_untrusted(v5)) == v6
+    assert SNAPSHOT_VERSION == 7
+    # Version 2 is version 7 without the recoveries' count, the switchover,
+    # the failback and its queues (30 bytes at the end: none here) and
+    # without messages' broker state (none here either); version 5 without
+    # the failback and its queues (12).
+    v7 = snapshot(site)
+    v2 = v7[:4] + (2).to_bytes(2, "big") + v7[6:-30]
+    assert snapshot(restore_untrusted(v2)) == v7
+    v5 = v7[:4] + (5).to_bytes(2, "big") + v7[6:-12]
+    assert snapshot(restore_untrusted(v5)) == v7
     delta = delta_snapshot(site, held_ranges(recovered)).data
-    delta_v2 = delta[:4] + (2).to_bytes(2, "big") + delta[6:-18]
+    delta_v2 = delta[:4] + (2).to_bytes(2, "big") + delta[6:-22]
     with pytest.raises(RemoteProtocolError, match="message flags"):
         restore_untrusted(delta_v2, bodies=recovered)

@@ -331,22 +331,25 @@ def test_snapshot_keeps_the_whole_site_recoveries() -> None:
 
 def test_a_snapshot_of_version_2_restores_as_a_site_without_recoveries() -> None:
     s = busy_state()
-    v6 = snapshot(s)
-    # Version 6 ends with the recoveries (none), the switchover (none: an
-    # empty name, time 0, no handovers) and the failback (cseq 0); version 5
-    # without the failback, 4 without the switchover, 2 without the
-    # recoveries too.
-    assert v6[4:6] == b"\x00\x06" and v6.endswith(b"\x00" * 26)
-    v5 = v6[:4] + b"\x00\x05" + v6[6:-8]
-    v4 = v6[:4] + b"\x00\x04" + v6[6:-22]
-    v2 = v6[:4] + b"\x00\x02" + v6[6:-26]
+    v7 = snapshot(s)
+    # Version 7 ends with the recoveries (none), the switchover (none: an
+    # empty name, time 0, no handovers), the failback (cseq 0) and its queues
+    # (none); version 6 without those queues, 5 without the failback, 4
+    # without the switchover, 2 without the recoveries too.
+    assert v7[4:6] == b"\x00\x07" and v7.endswith(b"\x00" * 30)
+    v6 = v7[:4] + b"\x00\x06" + v7[6:-4]
+    v5 = v7[:4] + b"\x00\x05" + v7[6:-12]
+    v4 = v7[:4] + b"\x00\x04" + v7[6:-26]
+    v2 = v7[:4] + b"\x00\x02" + v7[6:-30]
     r = restore_untrusted(v2)
     assert r.recoveries == []
-    assert snapshot(r) == v6
+    assert snapshot(r) == v7
     r = restore_untrusted(v4)
-    assert r.switchover_to == "" and snapshot(r) == v6
+    assert r.switchover_to == "" and snapshot(r) == v7
     r = restore_untrusted(v5)
-    assert r.failback_cseq == 0 and snapshot(r) == v6
+    assert r.failback_cseq == 0 and snapshot(r) == v7
+    r = restore_untrusted(v6)
+    assert r.failback_queues == {} and snapshot(r) == v7
     # A version 3 snapshot: a redelivered message (flag 1) has a count of 1.
     r = restore_untrusted(v5[:4] + b"\x00\x03" + v5[6:-14])
     assert [m.delivery_count for m in messages(r, "local")] == [1, 0, 0, 0, 0]

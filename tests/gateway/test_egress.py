@@ -277,7 +277,9 @@ async def test_refused_as_stale_the_egress_turns_the_zombie_guard_on(
         await site.next_link()  # it tries again, later
     (superseded,) = [c for c in site.member.posted if isinstance(c, pc.Superseded)]
     assert superseded.by_cluster == "site-d"
-    assert set(superseded.guarded) == {"q-full"}  # zombie_guard: full, the default
+    # zombie_guard: full, the default, closes q-full; q-enq stays open to
+    # publishes but, after a failback, waits for D like q-full.
+    assert superseded.guarded == {"q-full": None, "q-enq": pc.FAILBACK_ONLY}
     assert "promoted" in site.egress.status.last_error
 
 

@@ -218,8 +218,13 @@ def test_a_failback_waiting_for_d_survives_a_snapshot() -> None:
     sites = handed_over_then_failed_back()
     restored = st.restore_untrusted(st.snapshot(sites.p.state))
     assert restored.failback_cseq == sites.p.state.failback_cseq > 0
-    assert restored.guarded == GUARDED
+    assert restored.guarded == GUARDED == restored.failback_queues
     assert st.digest(restored) == st.digest(sites.p.state)
+    # Version 6 had no list of its own: its failback waited on the guarded queues.
+    v7 = st.snapshot(sites.p.state)
+    tail = 4 + sum(2 + len(q) for q in GUARDED)
+    v6 = v7[:4] + b"\x00\x06" + v7[6:-tail]
+    assert st.restore_untrusted(v6).failback_queues == GUARDED
 
 
 def test_a_failback_before_p_heard_of_its_handover_waits_for_d_too() -> None:
@@ -257,3 +262,28 @@ def test_aborting_a_switchover_during_a_failback_wait_leaves_the_wait() -> None:
     assert len(refusals(sites, pc.Acquire("e.q", SA, 1, 1))) == 1
     sites.run(abort())  # and then the wait
     assert state.failback_cseq == 0 and state.guarded == {}
+
+
+def test_after_a_forced_failover_the_queues_the_guard_left_open_wait_for_d_after_the_failback() -> (
+    None
+):
+    # zombie_guard: full (the default) leaves the enqueue queue open to
+    # publishes while D is the primary; after the failback a message taken
+    # here before D's resync would still never reach D's copy.
+    sites = loaded()
+    sites.run(
+        pc.Superseded("site-d", 1_700_000_000_000_001, {"f.q": None, "e.q": pc.FAILBACK_ONLY})
+    )
+    assert refusals(sites, pc.Publish("", "e.q", b"open", "open")) == []
+    assert len(refusals(sites, pc.Publish("", "f.q", b"shut", "shut"))) == 1
+    sites.run(pc.SetEpoch(4))
+    (refused,) = refusals(sites, pc.Acquire("e.q", SA, 1, 1))
+    assert "until the DR site holds site-p's state again" in refused.description
+    assert len(refusals(sites, pc.Acquire("f.q", SA, 1, 1))) == 1
+    assert refusals(sites, pc.Acquire("n.q", SA, 1, 1)) == []
+    restored = st.restore_untrusted(st.snapshot(sites.p.state))
+    assert st.digest(restored) == st.digest(sites.p.state)
+    assert restored.failback_queues == sites.p.state.failback_queues == {"f.q": None, "e.q": None}
+    apply(sites.p.state, pc.AckWatermark("site-p", 42, sites.p.state.failback_cseq, 2))
+    assert refusals(sites, pc.Acquire("e.q", SA, 1, 1)) == []
+    assert sites.p.state.failback_queues == {} == sites.p.state.guarded
