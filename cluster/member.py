@@ -708,29 +708,27 @@ class SiteMember:
             refs = pc.scan_frame_untrusted(event.payload)
         except DrgateError:
             return
+        haves: list[pc.JoinHave] = []
         for ref in refs:
             if ref[0] == pc.Kind.MEMBER_READY:
                 self.membership.on_member_ready(event.sender)
-                continue
-            if ref[0] == pc.Kind.JOIN_HAVE:
-                try:
+            elif ref[0] == pc.Kind.JOIN_HAVE:
+                with contextlib.suppress(DrgateError):
                     have = pc.decode_ref_untrusted(event.payload, ref)
-                except DrgateError:
-                    continue
-                assert isinstance(have, pc.JoinHave)
-                # Not ready: nothing to donate yet, but nobody may be.
-                for action in self.membership.on_join_have(event.sender, have):
-                    self._act(action)
-                if self._buffer is None:  # the site started over here
-                    return
-                continue
-            if ref[0] != pc.Kind.STATE_CHUNK:
-                continue
-            chunk = pc.decode_ref_untrusted(event.payload, ref)
-            assert isinstance(chunk, pc.StateChunk)
-            blob = self._assembly.on_chunk(event.sender, chunk)
-            if blob is not None:
-                self._pending_restore = blob
+                    assert isinstance(have, pc.JoinHave)
+                    haves.append(have)
+            elif ref[0] == pc.Kind.STATE_CHUNK:
+                chunk = pc.decode_ref_untrusted(event.payload, ref)
+                assert isinstance(chunk, pc.StateChunk)
+                blob = self._assembly.on_chunk(event.sender, chunk)
+                if blob is not None:
+                    self._pending_restore = blob
+        for have in haves:  # after the whole frame, as a member that applies it
+            # Not ready: nothing to donate yet, but nobody may be.
+            for action in self.membership.on_join_have(event.sender, have):
+                self._act(action)
+            if self._buffer is None:  # the site started over here
+                return
 
     def _finish_restore(self, blob: bytes) -> None:
         assert self.membership is not None and self._buffer is not None
@@ -805,7 +803,7 @@ class SiteMember:
         haves: list[pc.JoinHave] = []
         for cmd in commands:
             if isinstance(cmd, pc.MemberReady):
-                self.membership.on_member_ready(event.sender)
+                self.membership.on_member_ready(event.sender, live=live)
             elif isinstance(cmd, pc.JoinHave):
                 haves.append(cmd)
             effects = st.apply(self.state, cmd, sender=event.sender)

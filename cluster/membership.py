@@ -200,24 +200,31 @@ class Membership:
         """Count a delivery (any frame) in the event stream."""
         self.events += 1
 
-    def on_member_ready(self, member: MemberId) -> None:
+    def on_member_ready(self, member: MemberId, *, live: bool = True) -> None:
+        """``member``'s ``MemberReady`` was delivered (``live``), or is replayed
+        from what this member buffered (which says nothing of the view now)."""
         if member in self.members:
             self.ready.add(member)
             self.haves.pop(member, None)
-            self.ready_announced = True
+            self.ready_announced = self.ready_announced or live
 
     def on_join_have(self, member: MemberId, have: JoinHave) -> list[Action]:
         """``member``'s ``JoinHave`` was delivered (call it at delivery, after
         :meth:`on_delivery` and, when this member applies the stream, after
-        the whole frame is applied: the cut is there)."""
-        if member not in self.members or member in self.ready:
+        the whole frame is applied: the cut is there, and a ``MemberReady`` of
+        the same frame counts before it).  Whether nobody holds the state is
+        decided from the stream alone, the same at every member of the view,
+        whether it holds the state itself or not."""
+        if member not in self.members:
             return []
         self.announced.add(member)
+        if self.quorate and not self.ready_announced and self.announced >= set(self.members):
+            return self._start_over()
+        if member in self.ready:
+            return []
         if self.haves.get(member) != have:
             self.served.discard(member)  # a different one asks again
         self.haves[member] = have
-        if self.quorate and not self.ready_announced and self.announced >= set(self.members):
-            return self._start_over()
         if not self.is_ready:
             return []
         return self._donations()

@@ -266,3 +266,18 @@ def test_a_donor_does_not_serve_again_a_join_have_said_again() -> None:
     # A different one (its delta could not be filled) asks again.
     a.on_delivery()
     assert a.on_join_have(B, have(B, q=(1, 2))) == [SendSnapshot(B, 5, have(B, q=(1, 2)))]
+
+
+def test_a_member_that_restored_meanwhile_starts_over_with_the_others() -> None:
+    # C's snapshot came from a donor that left before the view: C holds the
+    # state, but its MemberReady was not delivered yet, so for the stream
+    # nobody in the view does; replayed MemberReadys of older views say
+    # nothing of this one.  Every member decides alike, C too.
+    ms = (Membership(A), Membership(B), Membership(C))
+    isolate_then_merge(*ms)
+    c = ms[2]
+    c.on_restored({A}, c.members)
+    c.on_member_ready(A, live=False)
+    assert announce(ms, A) == [[], [], []]
+    assert announce(ms, B) == [[], [], []]
+    assert [actions[0].start_over for actions in announce(ms, C)] == [True, True, True]
