@@ -117,7 +117,8 @@ MAGIC = b"DRGS"
 # site with no recovery and no elided body).  4: a message's broker state
 # (flag 8; versions 2 and 3 read as messages without it).  5: a planned
 # switchover under way (earlier versions read as none).  6: a failback
-# waiting for its DR site (earlier versions read as none).
+# waiting for its DR site (earlier versions read as none).  7: the queues
+# that failback waits on (version 6 read as its guarded queues).
 SNAPSHOT_VERSION = 7
 _READABLE_VERSIONS = (2, 3, 4, 5, 6, SNAPSHOT_VERSION)
 
