@@ -41,12 +41,18 @@ class Applied(NullObserver):
         self.changed = trio.Event()
 
 
-def dr_sidecar_config(folder: Path, bus: BusConfig, key_file: str) -> Path:
+def sidecar_config(folder: Path, bus: BusConfig, key_file: str, *, primary: bool = False) -> Path:
+    """A sidecar config on ``bus`` (a DR one of site-d, or a primary one of
+    site-p), as an operator's tools take it."""
     assert bus.address is not None
-    path = folder / "sidecar-d.yaml"
+    path = folder / ("sidecar-p.yaml" if primary else "sidecar-d.yaml")
+    role = (
+        "site: site-p\nrole: primary\nnode: 5\npeer_cluster: site-d\npeers: [127.0.0.1:9]\n"
+        if primary
+        else "site: site-d\nrole: dr\nnode: 5\npeer_cluster: site-p\nlisten: 127.0.0.1:0\n"
+    )
     path.write_text(
-        "site: site-d\nrole: dr\nnode: 5\npeer_cluster: site-p\nlisten: 127.0.0.1:0\n"
-        f"bus: {{backend: embedded, group: {bus.group}, address: '{bus.address}', "
+        role + f"bus: {{backend: embedded, group: {bus.group}, address: '{bus.address}', "
         f"key_file: {key_file}}}\n"
         f"spool: {{directory: {folder / 'spool'}}}\nrules: {LAB_RULES}\ninsecure: true\n"
     )
@@ -63,7 +69,7 @@ async def test_a_promote_from_a_tool_without_the_site_key_is_refused_at_the_bus(
             await site.nursery.start(broker.serve)
         views = site.server.statistics().view_id
 
-        stranger = dr_sidecar_config(site.folder, site.bus, site.other_key())
+        stranger = sidecar_config(site.folder, site.bus, site.other_key())
         with trio.fail_after(DEADLINE_S):
             code = await trio.to_thread.run_sync(main, ["promote", "--config", str(stranger)])
         assert code == 1
@@ -79,7 +85,7 @@ async def test_a_promote_from_a_tool_without_the_site_key_is_refused_at_the_bus(
         # The same command with the site's key promotes: the refusal above
         # was the key's doing, nothing else's.
         assert site.bus.key_file is not None
-        member = dr_sidecar_config(site.folder, site.bus, site.bus.key_file)
+        member = sidecar_config(site.folder, site.bus, site.bus.key_file)
         with trio.fail_after(DEADLINE_S):
             code = await trio.to_thread.run_sync(main, ["promote", "--config", str(member)])
         assert code == 0, capsys.readouterr().err

@@ -9,31 +9,15 @@ The sequencer and a broker-role member of site P run in this process
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import trio
 
-from cluster.bus import BusConfig
 from cluster.member import SiteMember
 from gateway.cli import main
-from lab.site import LAB_RULES
 from protocol import cluster as pc
 from protocol.modes import Role
-from tests.gateway.test_promote_auth import DEADLINE_S, Applied
+from tests.gateway.test_promote_auth import DEADLINE_S, Applied, sidecar_config
 from tests.support.embeddedbus import open_embedded_site
-
-
-def primary_sidecar_config(folder: Path, bus: BusConfig) -> Path:
-    assert bus.address is not None and bus.key_file is not None
-    path = folder / "sidecar-p.yaml"
-    path.write_text(
-        "site: site-p\nrole: primary\nnode: 5\npeer_cluster: site-d\npeers: [127.0.0.1:9]\n"
-        f"bus: {{backend: embedded, group: {bus.group}, address: '{bus.address}', "
-        f"key_file: {bus.key_file}}}\n"
-        f"spool: {{directory: {folder / 'spool'}}}\nrules: {LAB_RULES}\ninsecure: true\n"
-    )
-    return path
 
 
 async def test_abort_ends_a_failback_wait_and_refuses_when_there_is_nothing_to_abort(
@@ -52,7 +36,8 @@ async def test_abort_ends_a_failback_wait_and_refuses_when_there_is_nothing_to_a
                 pc.SetEpoch(3),
             )
         assert broker.state.failback_cseq > 0
-        config = str(primary_sidecar_config(site.folder, site.bus))
+        assert site.bus.key_file is not None
+        config = str(sidecar_config(site.folder, site.bus, site.bus.key_file, primary=True))
         argv = ["switchover", "--abort", "--config", config]
 
         with trio.fail_after(DEADLINE_S):
