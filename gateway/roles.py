@@ -63,8 +63,11 @@ def role_of(
     ready: bool,
     primary: bool,
 ) -> SidecarRole:
-    """The role of sidecar ``me``; ``ready`` once it holds the site state."""
-    if membership is None or not ready or not membership.is_ready:
+    """The role of sidecar ``me``; ``ready`` once it holds the site state.
+    A state without an incarnation is a site still waiting for its brokers'
+    recovery (a whole-site restart, or a start-over: cluster/membership.py):
+    nothing to forward from or ingest into yet."""
+    if membership is None or not ready or not membership.is_ready or state.incarnation == 0:
         return SidecarRole.STARTING
     if not membership.quorate:
         return SidecarRole.MINORITY

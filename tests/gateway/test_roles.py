@@ -100,6 +100,17 @@ def test_a_minority_or_a_joining_sidecar_does_nothing() -> None:
     assert str(SidecarRole.INGRESS_STANDBY) == "ingress-standby"  # the name metrics show
 
 
+def test_a_sidecar_of_a_site_waiting_for_its_recovery_does_nothing() -> None:
+    # A site that started over (cluster/membership.py) is ready with the empty
+    # state until its brokers' recovery: an ingress must not take P's events
+    # into a state the recovery replaces, nor an egress dial from it.
+    state = st.new_state()
+    st.apply(state, pc.MemberReady(Role.SIDECAR, A.node, A.pid))
+    view = View(frozenset({A}))
+    assert role_of(A, state, view, ready=True, primary=False) == SidecarRole.STARTING  # type: ignore[arg-type]
+    assert role_of(A, state, view, ready=True, primary=True) == SidecarRole.STARTING  # type: ignore[arg-type]
+
+
 async def test_role_signal_wakes_every_waiter(autojump_clock: trio.testing.MockClock) -> None:
     signal = RoleSignal()
     woken: list[int] = []
