@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from lab.netns import CorosyncSite
-from lab.site import BrokerSite, SiteError
-from tests.lab import corosync_lab, queues, wait_for
+from lab.site import BrokerSite, SiteError, TwoSites
+from tests.gateway.test_promote import add_queues
+from tests.lab import converged, corosync_lab, queues, require_corosync, wait_for
 
 pytestmark = [pytest.mark.corosync, pytest.mark.integration, pytest.mark.slow, pytest.mark.e2e]
 
@@ -105,3 +106,26 @@ def test_in_memory_the_site_starts_over_empty_as_a_new_incarnation_and_says_so(
             wait_for(f"broker {n} runs a new, empty incarnation", lambda n=n: new_incarnation(n))
         assert any("in memory only: its state is lost" in log(site, n) for n in site.node_ids)
         assert len({site.describe(n)["incarnation"] for n in site.node_ids}) == 1
+
+
+def test_a_dr_site_that_started_over_resumes_the_link_and_ends_equal(tmp_path: Path) -> None:
+    """The chaos run's case: D's sidecars run through the start-over too;
+    the link resumes from what D's brokers recovered, and D ends equal to P
+    with nothing lost."""
+    require_corosync()
+    with TwoSites(workdir=tmp_path, metrics=True, bus="corosync", durable=True) as two:
+        add_queues(two)
+        for queue in ("q-full", "q-enq"):
+            got = two.p.client(1, "publish", two.p.amqp[1], queue, "--count", "50", "--durable")
+            assert got["accepted"] == 50, got
+        wait_for("D's full replica equals P's queue", lambda: converged(two))
+        alone(two.d, two.labs[1])
+        got = two.p.client(1, "publish", two.p.amqp[1], "q-full", "--count", "20", "--durable")
+        assert got["accepted"] == 20, got
+        wait_for("D's full replica equals P's again", lambda: converged(two), timeout=180)
+        wait_for(
+            "D's enqueue replica holds the 50",
+            lambda: queues(two.d.describe(2)).get("q-enq", {}).get("depth") == 50,
+        )
+        assert any(STARTED_OVER in log(two.d, n) for n in two.nodes)
+        assert queues(two.d.describe(2))["q-full"]["depth"] == 70
