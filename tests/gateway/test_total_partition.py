@@ -108,6 +108,7 @@ def test_in_memory_the_site_starts_over_empty_as_a_new_incarnation_and_says_so(
         assert len({site.describe(n)["incarnation"] for n in site.node_ids}) == 1
 
 
+@pytest.mark.long  # two corosync sites: make test-long (the BrokerSite tests above run in CI)
 def test_a_dr_site_that_started_over_resumes_the_link_and_ends_equal(tmp_path: Path) -> None:
     """The chaos run's case: D's sidecars run through the start-over too;
     the link resumes from what D's brokers recovered, and D ends equal to P
