@@ -307,7 +307,9 @@ class NodeJournal:
             self.close()
 
     def _after_commit(self, durable: int) -> None:
-        if self.journal.needs_checkpoint:
+        # Not while the state is stale or empty (a rejoin, a start-over): the
+        # journal keeps what it holds until a snapshot or the recovery.
+        if self._started and self.journal.needs_checkpoint:
             self._checkpoint()
             durable = self.member.state.cseq
         self._settle(durable)

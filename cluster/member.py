@@ -462,7 +462,8 @@ class SiteMember:
 
     def _start_over(self) -> None:
         """Nobody in the view holds the site state (cluster/membership.py,
-        "Start over"): the site starts as after a whole-site restart.  The
+        "Start over", or a rejoiner's elders all left): the site starts as
+        after a whole-site restart.  The
         state this member held, stale or not, is set aside: a broker offers it
         to the site's recovery when it is ahead of its journal."""
         held, got = self.state, self.recovered
@@ -470,9 +471,9 @@ class SiteMember:
         if self.role == Role.BROKER and held.incarnation != 0 and ahead:
             self.recovered = held
         log.warning(
-            "every member of site %s's view waits for a state transfer and none holds the "
-            "state (a partition left no side with quorum): the site starts again as after a "
-            "whole-site restart (%s)",
+            "nobody in this member's view holds site %s's state (a partition left no side "
+            "with quorum, or the members that held it left before a transfer): the site "
+            "starts again as after a whole-site restart (%s)",
             self.cluster,
             "its brokers' journals and states are the candidates"
             if self.bus_config.expect_brokers > 0

@@ -22,7 +22,9 @@ Rules, applied identically by every member from the same stream:
   incarnation.  The same holds for a joiner whose older members (those in the
   view before it) have all left before it got a snapshot: the site's state is
   gone with them, and the joiner starts a new incarnation with the others of
-  its cohort (those that joined in the same view).
+  its cohort (those that joined in the same view); a durable site recovers
+  instead, and a rejoiner sets the stale state it still holds aside as a
+  recovery candidate (``start_over``), never builds on it.
 * **Ready set.** Members become ready at genesis or when their
   ``MemberReady`` command is delivered; they leave the set when they leave the
   view.  The ready set as of the cut travels in the snapshot.
@@ -141,6 +143,8 @@ class Membership:
     # anyone a MemberReady (module docstring, "Start over").
     announced: set[MemberId] = field(default_factory=set)
     ready_announced: bool = False
+    # I rejoined and still hold the state I had (until a snapshot replaces it).
+    stale: bool = False
     _joined: bool = False
 
     def on_view(self, view: ViewChange) -> list[Action]:
@@ -165,6 +169,7 @@ class Membership:
             self.joined_at = dict.fromkeys(view.members, 0)
             self.older = set(view.joined)
             self.cohort = set(view.members) - set(view.joined)
+            self.stale = True
             return [Rejoin()]
         if self._joined and self.is_ready and not view.quorate:
             self.minority_seen = True
@@ -234,6 +239,7 @@ class Membership:
         self.is_ready = True
         self.ready = {m for m in ready if m in self.members}
         self.older.clear()
+        self.stale = False
 
     def donor(self) -> MemberId | None:
         """The lowest ready member of the view, or ``None`` (no quorum, or nobody)."""
@@ -249,8 +255,10 @@ class Membership:
         self.is_ready = True
         self.ready = set(cohort) | {self.me}
         self.older.clear()
-        actions: list[Action] = [StartGenesis(announce=self.me == min(self.ready))]
-        return actions + self._donations()
+        # A rejoiner still holds its stale state: it goes aside, as in a start-over.
+        start = StartGenesis(announce=self.me == min(self.ready), start_over=self.stale)
+        self.stale = False
+        return [start, *self._donations()]
 
     def _start_over(self) -> list[Action]:
         """Nobody in this quorate view holds the state (module docstring,
@@ -258,6 +266,7 @@ class Membership:
         self.is_ready = True
         self.ready = set(self.members)
         self.minority_seen = False
+        self.stale = False
         for waiting in (self.older, self.cohort, self.served, self.departed_ready, self.announced):
             waiting.clear()
         self.haves.clear()

@@ -152,3 +152,28 @@ def test_the_checkpoint_a_recovery_makes_keeps_the_recovery(tmp_path: Path) -> N
     # The next recovery from this journal is the site's second.
     take_recovery(got.state)
     assert [r.count for r in got.state.recoveries] == [1, 2]
+
+
+def test_a_rejoin_checkpoints_nothing_until_a_state_replaces_the_stale_one(tmp_path: Path) -> None:
+    # Found by chaos seed 2025: a D broker that rejoined had its stale state
+    # checkpointed by a commit's routine checkpoint, which started the journal
+    # again; after the site started over, an append then broke the journal's
+    # order ("journal append at cseq 112533 does not follow the last record")
+    # and the broker exited.  A checkpoint of the empty state a start-over
+    # waits in would have replaced this node's recovery candidate.
+    directory = tmp_path / "journal"
+    member = StandInMember()
+    settings = JournalSettings(str(directory), checkpoint_bytes=1)
+    journal = NodeJournal(settings, member, 1)  # type: ignore[arg-type]
+    deliver(member, journal, pc.Genesis("site-p", 7), pc.QueueDeclare("keep", {"durable": True}))
+    deliver(member, journal, pc.QueueDeclare("more", {"durable": True}))
+    journal.journal.commit()
+    assert journal.journal.needs_checkpoint
+    journal.on_rejoin()
+    member.state = st.new_state()  # a start-over waits for the site's recovery
+    journal._after_commit(journal.journal.durable_cseq)  # the committer's routine
+    journal.close()
+    with Journal.open(directory) as reopened:
+        got = reopened.recover()
+    assert got is not None and got.state.incarnation == 7
+    assert set(got.state.queues) == {"keep", "more"}

@@ -281,3 +281,20 @@ def test_a_member_that_restored_meanwhile_starts_over_with_the_others() -> None:
     assert announce(ms, A) == [[], [], []]
     assert announce(ms, B) == [[], [], []]
     assert [actions[0].start_over for actions in announce(ms, C)] == [True, True, True]
+
+
+def test_a_rejoiner_whose_elders_all_left_sets_its_stale_state_aside() -> None:
+    # Chaos seed 2025: D's node 2 rejoined at a merge, then the members it
+    # waited for left again; it started a site with its cohort on top of its
+    # stale state (its journal then broke its order).  Its state goes aside
+    # as a recovery candidate, as in a start-over.
+    ms = (Membership(A), Membership(B), Membership(C))
+    isolate_then_merge(*ms)
+    b = ms[1]
+    assert b.on_view(view(4, (B,), left=(A, C), quorate=False)) == [
+        StartGenesis(announce=True, start_over=True)
+    ]
+    # A joiner that never held the state starts plainly.
+    fresh = Membership(B)
+    fresh.on_view(view(2, (A, B), joined=(B,)))
+    assert fresh.on_view(view(3, (B,), left=(A,))) == [StartGenesis(announce=True)]
