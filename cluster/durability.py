@@ -205,11 +205,11 @@ class NodeJournal:
 
     def after_command(self, cmd: pc.Command) -> None:
         self._seen += 1
-        if isinstance(cmd, pc.Recovering | pc.RecoveryChunk):
+        if isinstance(cmd, pc.RecoveryChunk):
             self._verbatim = False
-            return  # the site's recovery, not its history (the state it chose is checkpointed)
+            return  # the recovery's state is checkpointed (after_restore), not its chunks
         state = self.member.state
-        if not self._started:
+        if not self._started:  # a report of a site still recovering is not journaled either
             self._verbatim = False
             if state.incarnation != 0:
                 self._checkpoint()  # the first command of a live site: start from here

@@ -177,3 +177,24 @@ def test_a_rejoin_checkpoints_nothing_until_a_state_replaces_the_stale_one(tmp_p
         got = reopened.recover()
     assert got is not None and got.state.incarnation == 7
     assert set(got.state.queues) == {"keep", "more"}
+
+
+def test_a_late_recovery_report_at_a_live_site_is_journaled_like_any_command(
+    tmp_path: Path,
+) -> None:
+    # A broker that joined while its site waited for its brokers reports what
+    # it recovered; if the recovery finished first, the report reaches a live
+    # site, which ignores it, yet it takes a cseq: a journal that skipped it
+    # broke its order at the next append, and every broker of the site exited.
+    directory = tmp_path / "journal"
+    member = StandInMember()
+    journal = NodeJournal(JournalSettings(str(directory)), member, 1)  # type: ignore[arg-type]
+    deliver(member, journal, pc.Genesis("site-p", 7), pc.QueueDeclare("keep", {"durable": True}))
+    deliver(member, journal, pc.Recovering("site-p", 2, 20, 3, 40, 7, 99))
+    deliver(member, journal, pc.QueueDeclare("after", {"durable": True}))
+    journal.journal.commit()
+    journal.close()
+    with Journal.open(directory) as reopened:
+        got = reopened.recover()
+    assert got is not None and got.cseq == member.state.cseq
+    assert set(got.state.queues) == {"keep", "after"}
