@@ -466,10 +466,7 @@ class SiteMember:
         after a whole-site restart.  The
         state this member held, stale or not, is set aside: a broker offers it
         to the site's recovery when it is ahead of its journal."""
-        held, got = self.state, self.recovered
-        ahead = got is None or got.incarnation != held.incarnation or held.cseq >= got.cseq
-        if self.role == Role.BROKER and held.incarnation != 0 and ahead:
-            self.recovered = held
+        self.offer_held(self.state)
         log.warning(
             "nobody in this member's view holds site %s's state (a partition left no side "
             "with quorum, or the members that held it left before a transfer): the site "
@@ -491,6 +488,15 @@ class SiteMember:
         if self._buffer is None:  # held the state until now: nothing buffered to replay
             self._buffer = []
         self._observer.on_rejoin()
+
+    def offer_held(self, held: st.SiteState) -> None:
+        """A broker's candidate for its site's recovery is the state it held,
+        when that is ahead of what its journal recovered at its start (the
+        journal grew since: what it held is the freshest it has)."""
+        got = self.recovered
+        ahead = got is None or got.incarnation != held.incarnation or held.cseq >= got.cseq
+        if self.role == Role.BROKER and held.incarnation != 0 and ahead:
+            self.recovered = held
 
     def _apply_view(self, view: ViewChange) -> None:
         effects = st.members_left(self.state, view.left) if view.left else []
@@ -740,6 +746,7 @@ class SiteMember:
             node, pid = _MEMBER.unpack_from(blob, offset)
             offset += _MEMBER.size
             ready.add(MemberId(node, pid))
+        held = self.state  # a rejoiner's stale state, until the snapshot replaces it
         try:
             self.state = st.restore_untrusted(blob[offset:], bodies=self._have_from)
         except st.ElidedBodyMismatch as exc:
@@ -774,8 +781,9 @@ class SiteMember:
                 self._apply_view(event)
             else:
                 self._on_delivery(event, live=False)
-        if self.recovering:
-            self._report_recovered()  # joined a site still waiting for its brokers
+        if self.recovering:  # joined a site still waiting for its brokers
+            self.offer_held(held)
+            self._report_recovered()
         self._announce_ready()
 
     def _skip_own(self, covered: Sequence[Delivery | ViewChange]) -> None:

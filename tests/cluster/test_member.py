@@ -256,3 +256,24 @@ async def test_a_queue_deleted_and_declared_again_while_it_was_gone_makes_it_tak
     assert b.transfers.fallbacks == 1
     assert b.transfers.restores == 1
     assert a.transfers.donations == 4  # C, B, B's delta, B's full transfer
+
+
+def test_a_broker_offers_the_state_it_held_when_it_is_ahead_of_its_journal() -> None:
+    # A broker that rejoins a site still recovering (or whose site starts
+    # over) offers what it held: its journal as recovered at its start is
+    # older (chaos seed 2025: the site went on from a node's stale state).
+    bus = BusConfig("embedded", "site", 1)
+    broker = SiteMember("site-d", bus, role=Role.BROKER, observer=NullObserver())
+    journal, held = st.new_state(), st.new_state()
+    for state, count in ((journal, 2), (held, 5)):
+        st.apply(state, pc.Genesis("site-d", 7))
+        for n in range(count):
+            st.apply(state, pc.QueueDeclare(f"q{n}"))
+    broker.recovered = journal
+    broker.offer_held(held)
+    assert broker.recovered is held
+    broker.offer_held(journal)  # behind what it offers already: kept
+    assert broker.recovered is held
+    sidecar = SiteMember("site-d", bus, role=Role.SIDECAR, observer=NullObserver())
+    sidecar.offer_held(held)
+    assert sidecar.recovered is None  # only brokers report to a recovery
