@@ -18,7 +18,6 @@ import pytest
 
 from lab.netns import CorosyncSite
 from lab.site import BrokerSite, SiteError, TwoSites
-from tests.gateway.test_promote import add_queues
 from tests.lab import converged, corosync_lab, queues, require_corosync, wait_for
 
 pytestmark = [pytest.mark.corosync, pytest.mark.integration, pytest.mark.slow, pytest.mark.e2e]
@@ -115,7 +114,10 @@ def test_a_dr_site_that_started_over_resumes_the_link_and_ends_equal(tmp_path: P
     with nothing lost."""
     require_corosync()
     with TwoSites(workdir=tmp_path, metrics=True, bus="corosync", durable=True) as two:
-        add_queues(two)
+        for queue, mode in (("q-full", "full"), ("q-enq", "enqueue")):
+            # Durable: a start-over keeps what a whole-site restart keeps.
+            done = two.p.admin(1, "add-queue", queue, "--replicate", mode, "--durable")
+            assert done.returncode == 0, done.stderr
         for queue in ("q-full", "q-enq"):
             got = two.p.client(1, "publish", two.p.amqp[1], queue, "--count", "50", "--durable")
             assert got["accepted"] == 50, got
