@@ -4,7 +4,8 @@ Each runbook is a ``sh`` block whose ``# at P`` / ``# at D`` comments say
 where the commands under them run; this test reads the blocks from the
 document, puts the lab's paths where the document has placeholders, runs
 every command at the site its comment names and checks what the comments
-say an operator will see.  The failback's command at P is the one the
+say an operator will see (``drgate status``, HTTP only, from the test's
+own shell, which reaches both sites).  The failback's command at P is the one the
 command at D printed (the document's ``--epoch 3`` is an example).
 
 Two sites of three brokers and three sidecars (lab.site.TwoSites); on
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.site import ROOT, BrokerSite, TwoSites
+from lab.site import ROOT, BrokerSite, TwoSites, drgate_argv
 from tests import lab
 from tests.gateway.test_promote import add_queues
 from tests.lab import converged, queues, status, wait_for
@@ -71,7 +72,13 @@ class Operator:
             printed = PRINTED_FAILBACK.search(self.printed)
             assert printed, f"the failback at D printed no command for P: {self.printed}"
             args[2] = printed.group(1)
-        done: subprocess.CompletedProcess[str] = site.drgate(1, *args, timeout=240)
+        if args[0] == "status":  # HTTP only: from the operator's shell, which reaches both sites
+            argv = drgate_argv(*args)
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=60, cwd=ROOT, check=False
+            )
+        else:  # the commands that join the site's bus: on a host of that site
+            done = site.drgate(1, *args, timeout=240)
         assert done.returncode == 0, f"{line}\n{done.stdout}{done.stderr}"
         self.printed = done.stdout
         return done.stdout
