@@ -820,7 +820,7 @@ class SiteMember:
                 self._after_recovering()
             elif isinstance(cmd, pc.RecoveryChunk):
                 self._take_recovery_chunk(cmd, event.sender)
-            elif isinstance(cmd, pc.Genesis) and self._restore_at_genesis:
+            elif self._restore_at_genesis and isinstance(cmd, pc.Genesis):  # rare: flag first
                 self._restore_at_genesis = False
                 self._observer.after_restore()
             if self.state.incarnation != 0 and not self.site_live.is_set():
