@@ -313,7 +313,9 @@ class Tap:
         effects: Sequence[Any],
         items: list[tuple[Mode, pc.Command]],
     ) -> None:
-        body = bytes(cmd.body)
+        # The body and properties go into the event's bytes at once (the
+        # encoding copies them), so they are not copied here.
+        body = cmd.body
         for e in effects:
             if not isinstance(e, st.Enqueued):
                 continue
@@ -336,7 +338,7 @@ class Tap:
                         e.pos,
                         body,
                         cmd.message_id,
-                        dict(cmd.properties),
+                        cmd.properties,
                     ),
                 )
             )

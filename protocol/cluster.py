@@ -694,7 +694,8 @@ decodes the whole command.
 def decode_ref_untrusted(frame: bytes | memoryview, ref: CommandRef) -> Command:
     """The whole command that ``ref`` (from :func:`scan_frame_untrusted`) locates."""
     kind, key, size, offset = ref
-    return _decode_one(kind, key, memoryview(frame)[offset : offset + size])
+    data = frame if isinstance(frame, bytes) else bytes(frame)
+    return _decode_at(kind, key, data, memoryview(data), offset, min(offset + size, len(data)))
 
 
 def decode_head_untrusted(
@@ -705,9 +706,13 @@ def decode_head_untrusted(
     without building the command's bulk (a ``Replicated``'s inner commands,
     a body).  Fails only with :class:`RemoteProtocolError`."""
     kind, key, size, offset = ref
-    codec, m, tail = _split_untrusted(kind, key, memoryview(frame)[offset : offset + size])
+    data = frame if isinstance(frame, bytes) else bytes(frame)
+    end = min(offset + size, len(data))
+    codec, meta_at, meta_end = _locate_meta_untrusted(kind, key, data, offset, end)
     try:
-        return codec.meta_in(m), tail
+        values = codec.plan.unpack_values_untrusted(data, meta_at, meta_end)
+        meta = codec.meta_in(dict(zip(codec.plan.names, values, strict=True)))
+        return meta, memoryview(data)[meta_end:end]
     except _DECODE_ERRORS as exc:
         raise RemoteProtocolError(f"malformed {Kind(kind).name} command: {exc}") from exc
 
@@ -775,27 +780,38 @@ def scan_frame_untrusted(frame: bytes | memoryview) -> list[CommandRef]:
 
 
 def decode_frame_untrusted(frame: bytes | memoryview) -> list[Command]:
-    """Every command of a frame, fully decoded; bodies are memoryviews of ``frame``."""
-    view = memoryview(frame)
+    """Every command of a frame, fully decoded; bodies are memoryviews of
+    ``frame`` (of a copy when ``frame`` is a view)."""
+    data = frame if isinstance(frame, bytes) else bytes(frame)
+    view = memoryview(data)
     return [
-        _decode_one(kind, key, view[offset : offset + size])
-        for kind, key, size, offset in scan_frame_untrusted(frame)
+        _decode_at(kind, key, data, view, offset, offset + size)
+        for kind, key, size, offset in scan_frame_untrusted(data)
     ]
 
 
 def iter_frame_untrusted(frame: bytes | memoryview) -> Iterator[Command]:
-    view = memoryview(frame)
-    for kind, key, size, offset in scan_frame_untrusted(frame):
-        yield _decode_one(kind, key, view[offset : offset + size])
+    data = frame if isinstance(frame, bytes) else bytes(frame)
+    view = memoryview(data)
+    for kind, key, size, offset in scan_frame_untrusted(data):
+        yield _decode_at(kind, key, data, view, offset, offset + size)
 
 
 _KINDS = frozenset(_CODECS)
 
 
-def _decode_one(kind: int, key: str, rest: memoryview) -> Command:
-    codec, m, tail = _split_untrusted(kind, key, rest)
+def _decode_at(kind: int, key: str, data: bytes, view: memoryview, start: int, end: int) -> Command:
+    """The command whose rest is ``data[start:end]`` (``view`` is ``data``'s
+    memoryview, which the tail is cut from)."""
+    codec, meta_at, meta_end = _locate_meta_untrusted(kind, key, data, start, end)
     try:
-        result: Command = codec.build(key, m, tail)
+        values = codec.plan.unpack_values_untrusted(data, meta_at, meta_end)
+    except RemoteProtocolError as exc:
+        raise RemoteProtocolError(f"malformed {Kind(kind).name} command: {exc}") from exc
+    except _DECODE_ERRORS as exc:
+        raise RemoteProtocolError(f"malformed {Kind(kind).name} command: {exc}") from exc
+    try:
+        result: Command = codec.build(key, values, view[meta_end:end])
         return result
     except RemoteProtocolError:
         raise
@@ -816,8 +832,11 @@ _DECODE_ERRORS = (
 )
 
 
-def _split_untrusted(kind: int, key: str, rest: memoryview) -> tuple[_Codec, Any, memoryview]:
-    """A command's codec, its parsed meta struct and its tail."""
+def _locate_meta_untrusted(
+    kind: int, key: str, data: bytes, start: int, end: int
+) -> tuple[_Codec, int, int]:
+    """The codec of a command whose rest is ``data[start:end]``, and where
+    its meta starts and ends."""
     codec = _CODECS.get(kind)
     if codec is None:
         raise RemoteProtocolError(f"unknown bus command kind {kind}")
@@ -825,19 +844,14 @@ def _split_untrusted(kind: int, key: str, rest: memoryview) -> tuple[_Codec, Any
         # Kinds without a name must not carry one, so that each command has
         # exactly one encoding.
         raise RemoteProtocolError(f"{Kind(kind).name} command must have an empty name, got {key!r}")
-    if len(rest) < META_LEN.size:
+    meta_at = start + META_LEN.size
+    if meta_at > end:
         raise RemoteProtocolError(f"truncated {Kind(kind).name} command: no meta length")
-    (meta_len,) = META_LEN.unpack_from(rest)
-    meta_end = META_LEN.size + meta_len
-    if meta_end > len(rest):
+    (meta_len,) = META_LEN.unpack_from(data, start)
+    meta_end = meta_at + meta_len
+    if meta_end > end:
         raise RemoteProtocolError(
             f"truncated {Kind(kind).name} command: meta of {meta_len} bytes, "
-            f"{len(rest) - META_LEN.size} present"
+            f"{end - meta_at} present"
         )
-    try:
-        m = codec.plan.unpack_untrusted(bytes(rest[META_LEN.size : meta_end]))
-    except RemoteProtocolError as exc:
-        raise RemoteProtocolError(f"malformed {Kind(kind).name} command: {exc}") from exc
-    except _DECODE_ERRORS as exc:
-        raise RemoteProtocolError(f"malformed {Kind(kind).name} command: {exc}") from exc
-    return codec, m, rest[meta_end:]
+    return codec, meta_at, meta_end

@@ -172,6 +172,19 @@ _VARIABLE: dict[int, tuple[Callable[[Any], bytes], Callable[[bytes, int], tuple[
 }
 
 
+def _packer(step: tuple[Any, ...]) -> Callable[[Any], bytes]:
+    """``command -> bytes`` of one plan step."""
+    if step[0] is None:
+        read, pack_one = attrgetter(step[1]), step[2]
+        return lambda cmd: pack_one(read(cmd))
+    fixed, names = step[0], step[1]
+    if len(names) == 1:
+        read_one = attrgetter(names[0])
+        return lambda cmd: fixed.pack(read_one(cmd))
+    read_all = attrgetter(*names)
+    return lambda cmd: fixed.pack(*read_all(cmd))
+
+
 @dataclass(frozen=True, slots=True)
 class _MetaPlan:
     """How one kind's meta is packed and unpacked: steps in wire order, each
@@ -179,6 +192,10 @@ class _MetaPlan:
 
     kind: Kind
     steps: tuple[tuple[Any, ...], ...]
+    names: tuple[str, ...]
+    # One function per step, ``command -> bytes``: the attributes read by one
+    # attrgetter, packed by one call (what every tap pays per event).
+    packers: tuple[Callable[[Any], bytes], ...]
 
     @classmethod
     def of(cls, kind: Kind, meta: Sequence[MetaField]) -> _MetaPlan:
@@ -198,31 +215,40 @@ class _MetaPlan:
             steps.append((None, name, *_VARIABLE[id(sub)]))
         if fmt:
             steps.append((struct.Struct(">" + fmt), tuple(names)))
-        return cls(kind, tuple(steps))
+        return cls(kind, tuple(steps), tuple(f[0] for f in meta), tuple(map(_packer, steps)))
 
     def pack(self, cmd: Any) -> bytes:
-        parts = []
-        for step in self.steps:
-            if step[0] is not None:
-                parts.append(step[0].pack(*[getattr(cmd, n) for n in step[1]]))
-            else:
-                parts.append(step[2](getattr(cmd, step[1])))
-        return b"".join(parts)
+        packers = self.packers
+        if len(packers) == 1:
+            return packers[0](cmd)
+        return b"".join([p(cmd) for p in packers])
 
     def unpack_untrusted(self, data: bytes) -> dict[str, Any]:
-        m: dict[str, Any] = {}
-        offset = 0
+        """The meta ``data`` holds, by field name."""
+        return dict(zip(self.names, self.unpack_values_untrusted(data, 0, len(data)), strict=True))
+
+    def unpack_values_untrusted(self, data: bytes, offset: int, end: int) -> list[Any]:
+        """The meta fields at ``data[offset:end]``, in wire order, read in
+        place (the hot path: no copy of the meta, no dict).  A field that
+        runs past ``end`` reads into what follows but leaves the offset past
+        ``end``, which is refused as the meta's wrong length."""
+        values: list[Any] = []
         for step in self.steps:
             if step[0] is not None:
-                m.update(zip(step[1], step[0].unpack_from(data, offset), strict=True))
+                values += step[0].unpack_from(data, offset)
                 offset += step[0].size
             else:
-                m[step[1]], offset = step[3](data, offset)
-        if offset != len(data):
+                value, offset = step[3](data, offset)
+                values.append(value)
+        if offset < end:
             raise RemoteProtocolError(
-                f"{self.kind.name} command has {len(data) - offset} trailing meta bytes"
+                f"{self.kind.name} command has {end - offset} trailing meta bytes"
             )
-        return m
+        if offset > end:
+            raise RemoteProtocolError(
+                f"{self.kind.name} command's fields run {offset - end} bytes past its meta"
+            )
+        return values
 
 
 # --------------------------------------------------------------------------
@@ -259,7 +285,7 @@ class _Codec:
     plan: _MetaPlan
     meta_out: Callable[[Any], dict[str, Any]]
     tail_out: Callable[[Any], Body]
-    build: Callable[[str, Any, memoryview], Any]
+    build: Callable[[str, list[Any], memoryview], Any]
     meta_in: Callable[[Any], dict[str, Any]]
 
 
@@ -294,19 +320,47 @@ def _command(
         if sorted(a for a in carried if a is not None) != sorted(attrs):
             raise TypeError(f"{cls.__name__}: key, meta and tail must carry {attrs}")
         convert = {f[0]: f[2] for f in meta if len(f) == 3}
-        # Where each constructor argument comes from, in dataclass order.
-        sources = tuple((a, convert.get(a)) for a in attrs)
+        # Where each constructor argument comes from, in dataclass order: the
+        # key, the tail, or the meta value at an index (wire order), converted.
+        key_at, tail_at = -1, -2
+        sources = tuple(
+            (key_at if a == key else tail_at if a == tail else names.index(a), convert.get(a))
+            for a in attrs
+        )
+        # Most kinds are laid out as their dataclass: key, meta in order, tail,
+        # nothing to convert; they are built with one call, no choice per field.
+        as_declared = [key_at] if key is not None else []
+        as_declared += range(len(names))
+        as_declared += [tail_at] if tail is not None else []
+        plain = not convert and [at for at, _ in sources] == as_declared
 
-        def build(k: str, m: Any, t: memoryview) -> Any:
-            if tail is None and len(t):
-                raise RemoteProtocolError(
-                    f"{kind.name} command has {len(t)} unexpected trailing bytes"
-                )
-            tail_value = t if tail_in is None else tail_in(m, t)
+        def build(k: str, values: list[Any], t: memoryview) -> Any:
+            """The command from its key, its meta ``values`` in wire order
+            (:meth:`_MetaPlan.unpack_values_untrusted`) and its tail."""
+            tail_value: Any = t
+            if tail is None:
+                if len(t):
+                    raise RemoteProtocolError(
+                        f"{kind.name} command has {len(t)} unexpected trailing bytes"
+                    )
+            elif tail_in is not None:
+                tail_value = tail_in(dict(zip(names, values, strict=True)), t)
+            if plain:
+                if key is not None:
+                    values.insert(0, k)
+                if tail is not None:
+                    values.append(tail_value)
+                return cls(*values)
             return cls(
                 *[
-                    k if a == key else tail_value if a == tail else m[a] if f is None else f(m[a])
-                    for a, f in sources
+                    k
+                    if at == key_at
+                    else tail_value
+                    if at == tail_at
+                    else values[at]
+                    if f is None
+                    else f(values[at])
+                    for at, f in sources
                 ]
             )
 

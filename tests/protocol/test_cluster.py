@@ -358,6 +358,26 @@ def test_trailing_meta_bytes_are_refused() -> None:
         c.decode_frame_untrusted(frame)
 
 
+@pytest.mark.parametrize("short", [1, 4, 9])
+def test_a_meta_field_that_runs_into_the_tail_is_refused(short: int) -> None:
+    """The meta is read in place, in the frame: a field that the declared
+    meta length cuts must not be completed from the tail's bytes."""
+    cmd = c.Enqueue("q", 7, b"x" * 64, "id", {"k": "v"}, redelivered=False)
+    kind, key, rest = c.encode_command(cmd)
+    (meta_len,) = c.META_LEN.unpack_from(rest)
+    bad_rest = c.META_LEN.pack(meta_len - short) + rest[c.META_LEN.size :]
+    frame = (
+        c.FRAME_HEADER.pack(c.VERSION, 0, 1)
+        + c.INDEX_ENTRY.pack(kind, 0, len(key), len(bad_rest))
+        + key
+        + bad_rest
+    )
+    with pytest.raises(RemoteProtocolError, match="ENQUEUE"):
+        c.decode_frame_untrusted(frame)
+    with pytest.raises(RemoteProtocolError, match="ENQUEUE"):
+        c.decode_head_untrusted(frame, c.scan_frame_untrusted(frame)[0])
+
+
 def test_unknown_enum_values_are_refused() -> None:
     frame = bytearray(c.encode_frame([c.MemberReady(Role.BROKER, 1, 1)]))
     # The role byte is the first meta byte after the 4-byte meta length.
