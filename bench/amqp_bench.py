@@ -77,6 +77,9 @@ class Node:
     ) -> None:
         pass
 
+    async def on_close_asked(self, conn: AmqpConnection) -> None:
+        pass
+
     async def on_link_closed(self, link: OutgoingLink | IncomingLink) -> None:
         if isinstance(link, OutgoingLink) and link.address is not None:
             self.consumers[link.address].remove(link)

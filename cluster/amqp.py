@@ -110,6 +110,10 @@ TIMER_POLL_S = 1.0
 # Teardown callbacks (on_link_closed / on_connection_closed) get this long
 # even when the server is being cancelled.
 TEARDOWN_GRACE_S = 5.0
+# A client's close is answered once the settlements it sent before it are
+# applied at the site (on_close_asked), or after this long if the bus cannot
+# apply them (no quorum): a client is not kept from closing for good.
+CLOSE_SETTLE_WAIT_S = 10.0
 # The container id we announce in our open frame.
 CONTAINER_ID = "drgate-broker"
 # Source/target capability a client sets to ask that the node be created.
@@ -169,6 +173,13 @@ class AmqpHandler(Protocol):
         """The client settled the messages sent with these tokens, in this
         order: every settlement on ``link`` that arrived together (one read
         from the socket), so that the node can act on them as one."""
+        ...
+
+    async def on_close_asked(self, conn: AmqpConnection) -> None:
+        """The client asked to close ``conn``, one of its sessions or one of
+        its links.  The close is answered when this returns (or after
+        :data:`CLOSE_SETTLE_WAIT_S`): a client whose close was answered
+        knows that the broker acted on every settlement it sent before."""
         ...
 
     async def on_link_closed(self, link: OutgoingLink | IncomingLink) -> None:
@@ -736,6 +747,10 @@ class AmqpConnection:
         self._collector.pop()
         return kind, pn_session, pn_link, pn_delivery
 
+    async def _before_answering_close(self) -> None:
+        with trio.move_on_after(CLOSE_SETTLE_WAIT_S):
+            await self._call(self._handler.on_close_asked, self)
+
     async def _dispatch(
         self,
         kind: Any,
@@ -755,12 +770,14 @@ class AmqpConnection:
             if cond is not None:
                 self.remote_condition = (str(cond.name), cond.description or "")
             if not (self._conn.state & Endpoint.LOCAL_CLOSED):
+                await self._before_answering_close()
                 self._conn.close()
         elif kind == Event.SESSION_REMOTE_OPEN and pn_session is not None:
             if pn_session.state & Endpoint.LOCAL_UNINIT:
                 pn_session.open()
         elif kind == Event.SESSION_REMOTE_CLOSE and pn_session is not None:
             if not (pn_session.state & Endpoint.LOCAL_CLOSED):
+                await self._before_answering_close()
                 pn_session.close()
             for key, link in list(self._links.items()):
                 if link._pn.session == pn_session:
@@ -773,6 +790,7 @@ class AmqpConnection:
             key = (pn_link.name, bool(pn_link.is_sender))
             gone = self._links.pop(key, None)
             if not (pn_link.state & Endpoint.LOCAL_CLOSED):
+                await self._before_answering_close()
                 pn_link.close()
             if gone is not None:
                 gone._mark_closed()

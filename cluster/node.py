@@ -206,6 +206,8 @@ class BrokerNode(NullObserver):
         self._inflight_bytes = 0
         self._held_bytes = (-1, 0)  # (cseq, bytes of bodies in the state at that cseq)
         self._sessions: dict[int, int] = {}  # connection id -> session
+        # Connections that sent settlements since their last close was asked.
+        self._settled_on: set[int] = set()
         self._consumers: dict[OutgoingLink, _Consumer] = {}
         self._by_consumer_id: dict[int, _Consumer] = {}
         self._consumer_ids = itertools.count(1)
@@ -744,6 +746,15 @@ class BrokerNode(NullObserver):
             run.append(token)
         if run:
             await self._submit_settlement(consumer, run_kind, run)
+        self._settled_on.add(link.connection.id)
+
+    async def on_close_asked(self, conn: AmqpConnection) -> None:
+        # A client that sees its close answered takes its accepts as done: a
+        # broker that died after answering must not leave them unapplied
+        # (their messages would go to the next consumer again).
+        if conn.id in self._settled_on:
+            self._settled_on.discard(conn.id)
+            await self.member.submit_and_wait()
 
     async def _submit_settlement(
         self, consumer: _Consumer, kind: Outcome | Settlement | None, positions: list[int]
@@ -795,6 +806,7 @@ class BrokerNode(NullObserver):
                     self._pending.pop(ref, None)
 
     async def on_connection_closed(self, conn: AmqpConnection) -> None:
+        self._settled_on.discard(conn.id)
         session = self._sessions.pop(conn.id, None)
         if session is not None:
             await self.member.submit(pc.SessionClose(session))

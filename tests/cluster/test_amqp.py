@@ -108,6 +108,9 @@ class MemoryHandler:
         self.batches.append(len(outcomes))
         self._notify()
 
+    async def on_close_asked(self, conn: amqp.AmqpConnection) -> None:
+        pass
+
     async def on_link_closed(self, link: amqp.OutgoingLink | amqp.IncomingLink) -> None:
         if isinstance(link, amqp.OutgoingLink) and link.address is not None:
             consumers = self.consumers[link.address]

@@ -54,6 +54,8 @@ class MemoryBus:
         self._view_id = 0
         self._quorate: bool | None = None
         self._room = trio.Event()
+        self._opened: trio.Event | None = None  # set while multicasts are held
+        self.held = 0  # multicasts waiting for release()
 
     @property
     def members(self) -> tuple[MemberId, ...]:
@@ -105,7 +107,26 @@ class MemoryBus:
         for member in self._members.values():
             member._put(view)
 
+    def hold(self) -> None:
+        """Keep every multicast from here on from being delivered (each
+        sender waits, counted in ``held``) until :meth:`release`: a bus that
+        stalls between a member's send and its delivery."""
+        if self._opened is None:
+            self._opened = trio.Event()
+
+    def release(self) -> None:
+        if self._opened is not None:
+            self._opened.set()
+            self._opened = None
+
     async def _multicast(self, sender: MemoryMember, payload: bytes) -> None:
+        while self._opened is not None:
+            self.held += 1
+            try:
+                await self._opened.wait()
+            finally:
+                self.held -= 1
+            sender._check()
         while full := {m for m in self._members.values() if m.full}:
             # Backpressure on both sides: the sender waits, the full readers hold it up.
             for member in full | {sender}:
