@@ -64,8 +64,10 @@ from gateway.statistics import TapStatistics
 from protocol import cluster as pc
 from protocol.errors import DrgateError
 from protocol.modes import Mode
+from protocol.quickinit import quick_init
 
 
+@quick_init  # one per forwarded command at every P sidecar
 @dataclass(frozen=True, slots=True)
 class ReplEvent:
     """One replication event: ``payload`` is a bus frame of one ``Replicated``;

@@ -501,7 +501,7 @@ def _inner_in(m: Any, tail: memoryview) -> tuple[Command, ...]:
         raise RemoteProtocolError(
             f"Replicated command has {len(m['modes'])} modes for {len(inner)} commands"
         )
-    if any(isinstance(c, Replicated) for c in inner):
+    if Replicated in map(type, inner):
         raise RemoteProtocolError("nested Replicated command")
     return tuple(inner)
 

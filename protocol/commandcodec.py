@@ -28,6 +28,7 @@ from construct import (
 )
 
 from protocol.errors import RemoteProtocolError
+from protocol.quickinit import quick_init
 from protocol.values import VALUE_MAP_FIELD as _MAP  # re-exported to protocol/cluster.py
 from protocol.values import pack_value_map, unpack_value_map_untrusted
 
@@ -383,6 +384,7 @@ def _command(
             build,
             meta_in,
         )
+        quick_init(cls)  # every member builds every command it decodes
         cls.KIND = kind
         if key is not None:
             cls.key = property(attrgetter(key))  # type: ignore[assignment]

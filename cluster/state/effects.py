@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
 from protocol.modes import Mode
+from protocol.quickinit import quick_init
 from protocol.values import ValueMap
 
 
@@ -28,6 +29,7 @@ class Sender(Protocol):
     def pid(self) -> int: ...
 
 
+@quick_init  # one or more per message at every member
 @dataclass(frozen=True, slots=True)
 class Message:
     """One message on a queue (immutable; a release makes a new one).
@@ -110,6 +112,7 @@ class Outcome(enum.StrEnum):
     OWN_ORIGIN = "own_origin"  # the command came from this very site
 
 
+@quick_init  # one or more per message at every member
 @dataclass(frozen=True, slots=True)
 class Delivered:
     """``message`` was acquired by ``session``'s ``consumer``: the member that
@@ -121,6 +124,7 @@ class Delivered:
     message: Message
 
 
+@quick_init  # one or more per message at every member
 @dataclass(frozen=True, slots=True)
 class Enqueued:
     """A message landed on ``queue`` at ``pos`` (a local publish, one effect
@@ -132,6 +136,7 @@ class Enqueued:
     origin_pos: int = 0
 
 
+@quick_init  # one or more per message at every member
 @dataclass(frozen=True, slots=True)
 class Dequeued:
     """Messages left ``queue`` for good.  ``reason``: ``"accept"`` (a local
@@ -143,6 +148,7 @@ class Dequeued:
     reason: str
 
 
+@quick_init  # one or more per message at every member
 @dataclass(frozen=True, slots=True)
 class Released:
     """Messages acquired by ``session`` are available again (in place).
@@ -155,6 +161,7 @@ class Released:
     reason: str
 
 
+@quick_init  # one or more per message at every member
 @dataclass(frozen=True, slots=True)
 class Settled:
     """The publish ``ref`` of member ``sender`` was applied: settle it.
@@ -216,6 +223,7 @@ class Conflict:
     description: str
 
 
+@quick_init  # one or more per message at every member
 @dataclass(frozen=True, slots=True)
 class ReplicatedOutcome:
     """What became of a ``Replicated`` command.  The ingress acks by it; the

@@ -378,6 +378,22 @@ def test_a_meta_field_that_runs_into_the_tail_is_refused(short: int) -> None:
         c.decode_head_untrusted(frame, c.scan_frame_untrusted(frame)[0])
 
 
+def test_a_replicated_inside_a_replicated_is_refused() -> None:
+    inner = c.Replicated("site-p", 1, 1, 1, 1, (Mode.FULL,), (c.QueueDeclare("q"),))
+    outer = c.Replicated("site-p", 1, 2, 1, 1, (Mode.FULL,), (c.QueueDeclare("q"),))
+    kind, key, rest = c.encode_command(outer)
+    (meta_len,) = c.META_LEN.unpack_from(rest)
+    nested = rest[: c.META_LEN.size + meta_len] + c.encode_frame([inner])
+    frame = (
+        c.FRAME_HEADER.pack(c.VERSION, 0, 1)
+        + c.INDEX_ENTRY.pack(kind, 0, len(key), len(nested))
+        + key
+        + nested
+    )
+    with pytest.raises(RemoteProtocolError, match="nested Replicated"):
+        c.decode_frame_untrusted(frame)
+
+
 def test_unknown_enum_values_are_refused() -> None:
     frame = bytearray(c.encode_frame([c.MemberReady(Role.BROKER, 1, 1)]))
     # The role byte is the first meta byte after the 4-byte meta length.
