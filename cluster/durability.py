@@ -190,13 +190,15 @@ class NodeJournal:
             log.info("journal %s is empty", self.settings.directory)
             return
         log.info(
-            "journal %s recovered cseq %d (checkpoint %d, %d frames replayed in %.2f s, "
-            "%.2f s of CPU)",
+            "journal %s recovered cseq %d (checkpoint %d of %d bytes, %d frames replayed in "
+            "%.2f s: %.2f s to rebuild, the rest to clean up; %.2f s of CPU)",
             self.settings.directory,
             got.cseq,
             got.checkpoint_cseq,
+            got.checkpoint_bytes,
             got.frames_replayed,
             got.seconds,
+            got.rebuild_seconds,
             got.cpu_seconds,
         )
         self.member.recovered = got.state

@@ -151,7 +151,9 @@ class RecoveredState:
     checkpoint at ``checkpoint_cseq`` (0: none) and ``frames_replayed``
     records after it, in ``seconds`` of wall time and ``cpu_seconds`` of the
     process's CPU (far less CPU than wall: the process waited for a core or
-    the disk, not for the replay's work)."""
+    the disk, not for the replay's work): ``rebuild_seconds`` of it to
+    restore and replay, the rest to delete what no recovery needs any more.
+    ``checkpoint_bytes`` is the size of the checkpoint file used."""
 
     state: SiteState
     cseq: int
@@ -159,6 +161,8 @@ class RecoveredState:
     checkpoint_cseq: int
     seconds: float
     cpu_seconds: float = 0.0
+    checkpoint_bytes: int = 0
+    rebuild_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,9 +352,9 @@ class Journal:
         seconds = time.perf_counter() - started
         cpu = time.process_time() - cpu_started
         size = 0 if ckpt is None else ckpt.path.stat().st_size
-        times = (seconds, cpu, rebuilt - started, seconds - (rebuilt - started))
-        log.info("journal.recover cseq=%d checkpoint_cseq=%d checkpoint_bytes=%d frames=%d seconds=%.3f cpu_seconds=%.3f rebuild_seconds=%.3f cleanup_seconds=%.3f", state.cseq, base, size, replayed, *times)  # noqa: E501  # fmt: skip
-        return RecoveredState(state, state.cseq, replayed, base, seconds, cpu)
+        return RecoveredState(
+            state, state.cseq, replayed, base, seconds, cpu, size, rebuilt - started
+        )
 
     def _forget_older(self, used: _Checkpoint | None, chain: list[_Segment]) -> None:
         """After a recovery from ``used``: delete what no recovery needs any more."""
