@@ -70,6 +70,7 @@ _MAP = (0xC1, 0xD1)
 # Array: size | count | element constructor | count values without constructor.
 _ARRAY = (0xE0, 0xF0)
 _DESCRIBED = 0x00
+_VARIABLE_WIDTH = frozenset((*_VBIN, *_STR, *_SYM))
 # vbin8, str8-utf8, sym8: walked inline in a compound.
 _SHORT_VARIABLE = frozenset({0xA0, 0xA1, 0xA3})
 
@@ -207,7 +208,7 @@ class _Walker:
             return self.need(pos, width, f"a value of type 0x{code:02x}", end)
         high = code & 0xF0
         if high in (0xA0, 0xB0):
-            if code not in (*_VBIN, *_STR, *_SYM):
+            if code not in _VARIABLE_WIDTH:
                 raise self.fail(pos - 1, f"unknown type 0x{code:02x}")
             if high == 0xA0:
                 self.need(pos, 1, "a size", end)
@@ -329,7 +330,7 @@ def split_message_untrusted(data: bytes) -> MessageSections:
     w = _Walker(data, len(data))
     if not data:
         raise w.fail(0, "an empty message (no sections)")
-    starts: dict[str, int] = {}
+    spans: dict[int, tuple[int, int]] = {}  # head sections and the footer: where each is
     pos, rank, body_kind = 0, -1, -1
     bare_start = bare_end = -1
     while pos < len(data):
@@ -347,40 +348,31 @@ def split_message_untrusted(data: bytes) -> MessageSections:
             raise w.fail(pos, f"section {_LABEL[code]} out of order")
         if r == 5:
             body_kind = code
-        if code in (PROPERTIES, APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE, AMQP_VALUE):
+        if code in _BARE:
             bare_start = pos if bare_start < 0 else bare_start
             bare_end = end
         else:
-            starts[_LABEL[code]] = pos
+            spans[code] = (pos, end)
         rank = r
         pos = end
-
-    def section(code: int, stop: int) -> bytes:
-        start = starts.get(_LABEL[code], -1)
-        return b"" if start < 0 else data[start:stop]
-
-    ends = _section_ends(starts, bare_start, len(data))
+    if not spans:  # the common publish: a bare message, nothing else to cut
+        return MessageSections(bare=data[bare_start:bare_end] if bare_start >= 0 else b"")
     return MessageSections(
-        header=section(HEADER, ends["header"]),
-        delivery_annotations=section(DELIVERY_ANNOTATIONS, ends["delivery-annotations"]),
-        message_annotations=section(MESSAGE_ANNOTATIONS, ends["message-annotations"]),
+        header=_cut(data, spans.get(HEADER)),
+        delivery_annotations=_cut(data, spans.get(DELIVERY_ANNOTATIONS)),
+        message_annotations=_cut(data, spans.get(MESSAGE_ANNOTATIONS)),
         bare=b"" if bare_start < 0 else data[bare_start:bare_end],
-        footer=section(FOOTER, len(data)),
+        footer=_cut(data, spans.get(FOOTER)),
     )
 
 
-def _section_ends(starts: dict[str, int], bare_start: int, size: int) -> dict[str, int]:
-    """Each head section ends where the next present section starts."""
-    order = ["header", "delivery-annotations", "message-annotations"]
-    after = [starts.get(name, -1) for name in order] + [
-        bare_start,
-        starts.get("footer", -1),
-        size,
-    ]
-    ends = {}
-    for i, name in enumerate(order):
-        ends[name] = next(p for p in after[i + 1 :] if p >= 0)
-    return ends
+# The sections of the bare message (part 3, 2.1): properties,
+# application-properties and the body.
+_BARE = frozenset({PROPERTIES, APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE, AMQP_VALUE})
+
+
+def _cut(data: bytes, span: tuple[int, int] | None) -> bytes:
+    return b"" if span is None else data[span[0] : span[1]]
 
 
 # --------------------------------------------------------------------------
