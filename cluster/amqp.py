@@ -339,15 +339,19 @@ class OutgoingLink(_LinkBase):
             raise AmqpLinkClosedError(f"link {self.name!r} to {self.address!r} is closed")
         if self._sender.credit <= 0:
             raise trio.WouldBlock
-        tag = str(next(self._tags))
-        dlv = self._sender.delivery(tag)
-        self._sender.send(encoded)
-        self._sender.advance()
+        # Through cproton, as the engine's events are read: Proton's Sender
+        # would wrap the delivery in a Python object, which a send never
+        # reads again, and read its tag back through another conversion.
+        tag = str(next(self._tags)).encode()
+        sender = self._sender._impl
+        dlv = cproton.pn_delivery(sender, tag)
+        cproton.pn_link_send(sender, encoded)
+        cproton.pn_link_advance(sender)
         if self.presettled:
-            dlv.settle()
+            cproton.pn_delivery_settle(dlv)
             self.connection._synthetic_outcome(self, token)
         else:
-            self._unsettled[dlv.tag.encode() if isinstance(dlv.tag, str) else dlv.tag] = token
+            self._unsettled[tag] = token  # as _outgoing_outcome reads it back
         self.connection._kick_writer()
 
     def drained(self) -> None:
