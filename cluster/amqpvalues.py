@@ -14,7 +14,8 @@ import proton
 from proton import Condition, Delivery, Message
 
 from cluster.siteview import plain
-from protocol.amqpsections import PublishFields
+from protocol.amqpsections import PublishFields, with_broker_state
+from protocol.errors import RemoteProtocolError
 
 __all__ = [
     "ACCEPTED",
@@ -27,6 +28,7 @@ __all__ = [
     "Released",
     "apply_outcome",
     "data_to_py",
+    "delivery_bytes",
     "encode_annotations",
     "remote_outcome",
     "selector_filter",
@@ -256,3 +258,31 @@ def wrap(cls: Any, impl: Any) -> Any:
 
 def _properties(message: Message) -> dict[Any, Any]:
     return dict(message.properties or {})
+
+
+# ---------------------------------------------------------------------------
+# A stored message as it goes out to a consumer
+# ---------------------------------------------------------------------------
+
+# How an encoded AMQP message begins: a described section (descriptor 0x00,
+# then a small or a full ulong code).
+_SECTION_STARTS = frozenset({b"\x00\x53", b"\x00\x80"})
+
+
+def delivery_bytes(msg: Any) -> bytes:
+    """The AMQP message to send for stored message ``msg``: its body as
+    published (an encoded AMQP message: this broker and the origin site's
+    store what their publishers sent), with what the brokers own put over
+    it -- the delivery count raised by the failed deliveries, the
+    annotations of ``modified`` outcomes merged -- and every other section
+    as it was (protocol/amqpsections.py).  A body that is not an encoded
+    message is sent as the body of one."""
+    body = bytes(msg.body)
+    if not msg.delivery_count and not msg.annotations and body[:2] in _SECTION_STARTS:
+        return body
+    try:
+        return with_broker_state(body, msg.delivery_count, msg.annotations)
+    except RemoteProtocolError:  # a body that is not an encoded AMQP message
+        message = Message(body=body)
+        message.delivery_count = msg.delivery_count
+        return bytes(message.encode())

@@ -148,12 +148,10 @@ def _corrupt(path: Path, offset: int, what: str) -> JournalError:
 @dataclass(frozen=True, slots=True)
 class RecoveredState:
     """What :meth:`Journal.recover` rebuilt: the state at ``cseq``, from the
-    checkpoint at ``checkpoint_cseq`` (0: none) and ``frames_replayed``
-    records after it, in ``seconds`` of wall time and ``cpu_seconds`` of the
-    process's CPU (far less CPU than wall: the process waited for a core or
-    the disk, not for the replay's work): ``rebuild_seconds`` of it to
-    restore and replay, the rest to delete what no recovery needs any more.
-    ``checkpoint_bytes`` is the size of the checkpoint file used."""
+    checkpoint at ``checkpoint_cseq`` (0: none) of ``checkpoint_bytes`` and
+    ``frames_replayed`` records after it, in ``seconds`` of wall time (of it
+    ``rebuild_seconds`` to restore and replay, the rest to clean up) and
+    ``cpu_seconds`` of CPU (far less: a core or the disk was waited for)."""
 
     state: SiteState
     cseq: int
@@ -348,10 +346,8 @@ class Journal:
         state, ckpt, chain, replayed = _rebuild(self.directory, self._files)
         rebuilt = time.perf_counter()
         self._forget_older(ckpt, chain)
-        base = 0 if ckpt is None else ckpt.cseq
-        seconds = time.perf_counter() - started
-        cpu = time.process_time() - cpu_started
-        size = 0 if ckpt is None else ckpt.path.stat().st_size
+        base, size = (0, 0) if ckpt is None else (ckpt.cseq, ckpt.path.stat().st_size)
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
         return RecoveredState(
             state, state.cseq, replayed, base, seconds, cpu, size, rebuilt - started
         )

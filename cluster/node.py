@@ -55,7 +55,12 @@ from cluster.amqp import (
 )
 from cluster.amqpauth import AmqpSecurity, Principal
 from cluster.amqpserver import serve_amqp
-from cluster.amqpvalues import FilterRefusal, encode_annotations, selector_filter
+from cluster.amqpvalues import (
+    FilterRefusal,
+    delivery_bytes,
+    encode_annotations,
+    selector_filter,
+)
 from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
 from cluster.durability import JournalSettings, NodeJournal
 from cluster.member import FORCE_HINT, BusOpener, NullObserver, SiteMember
@@ -76,8 +81,7 @@ from cluster.statistics import BusSection, DonationSection, JournalSection, Node
 from cluster.tls import TlsFiles, server_context
 from cluster.webconfig import WebConfig
 from protocol import cluster as pc
-from protocol.amqpsections import with_broker_state
-from protocol.errors import DrgateError, RemoteProtocolError
+from protocol.errors import DrgateError
 from protocol.modes import REPLICATE_ARG, Role, check_declare_args, declare_refused
 from protocol.values import Value
 
@@ -100,9 +104,6 @@ RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 # it, in memory): well below the RAM of a small broker VM, so a site that
 # consumers stopped draining refuses publishes instead of dying.
 DEFAULT_MAX_SITE_BYTES = 1024**3
-# How an encoded AMQP message begins: a described section (descriptor 0x00,
-# then a small or a full ulong code).
-_SECTION_STARTS = frozenset({b"\x00\x53", b"\x00\x80"})
 
 
 # Temporary queues (dynamic nodes) are named this and a UUID: unique in the
@@ -154,25 +155,6 @@ class _Consumer:
     # Up to which position its queue holds nothing it selects, and the
     # releases count at which that was found (a release may change it).
     clear: tuple[int, int] = (0, 0)
-
-
-def _encoded(msg: Any) -> bytes:
-    """The AMQP message to send for stored message ``msg``: its body as
-    published (an encoded AMQP message: this broker and the origin site's
-    store what their publishers sent), with what the brokers own put over
-    it -- the delivery count raised by the failed deliveries, the
-    annotations of ``modified`` outcomes merged -- and every other section
-    as it was (protocol/amqpsections.py).  A body that is not an encoded
-    message is sent as the body of one."""
-    body = bytes(msg.body)
-    if not msg.delivery_count and not msg.annotations and body[:2] in _SECTION_STARTS:
-        return body
-    try:
-        return with_broker_state(body, msg.delivery_count, msg.annotations)
-    except RemoteProtocolError:  # a body that is not an encoded AMQP message
-        message = Message(body=body)
-        message.delivery_count = msg.delivery_count
-        return bytes(message.encode())
 
 
 Settlement = tuple[str, bool]
@@ -402,7 +384,7 @@ class BrokerNode(NullObserver):
             self.member.post(pc.Release(consumer.queue, consumer.session, (msg.pos,), False))
             return
         try:
-            consumer.link.send_encoded_nowait(_encoded(msg), msg.pos)
+            consumer.link.send_encoded_nowait(delivery_bytes(msg), msg.pos)
             consumer.unsettled[msg.pos] = msg.pos
         except (trio.WouldBlock, DrgateError):
             # The client took its credit back, or left: give it back at once.
@@ -461,7 +443,7 @@ class BrokerNode(NullObserver):
         messages, consumer.cursor = q.browse(consumer.cursor, credit, consumer.match)
         for msg in messages:
             try:
-                consumer.link.send_encoded_nowait(_encoded(msg), msg.pos)
+                consumer.link.send_encoded_nowait(delivery_bytes(msg), msg.pos)
             except (trio.WouldBlock, DrgateError):
                 return  # the client left: nothing to give back
 

@@ -344,15 +344,19 @@ def test_errors_say_what_was_wrong(frame: bytes, words: str) -> None:
         c.decode_frame_untrusted(frame)
 
 
+def one_command_frame(kind: int, key: bytes, rest: bytes) -> bytes:
+    """A frame of one command whose rest is ``rest``, as given (well formed or not)."""
+    return (
+        c.FRAME_HEADER.pack(c.VERSION, 0, 1)
+        + c.INDEX_ENTRY.pack(kind, 0, len(key), len(rest))
+        + key
+    ) + rest
+
+
 def test_trailing_meta_bytes_are_refused() -> None:
     kind, key, rest = c.encode_command(c.QueueDelete("q"))
     bad_rest = c.META_LEN.pack(1) + b"\x00"
-    frame = (
-        c.FRAME_HEADER.pack(c.VERSION, 0, 1)
-        + c.INDEX_ENTRY.pack(kind, 0, len(key), len(bad_rest))
-        + key
-        + bad_rest
-    )
+    frame = one_command_frame(kind, key, bad_rest)
     assert rest != bad_rest
     with pytest.raises(RemoteProtocolError, match="QUEUE_DELETE"):
         c.decode_frame_untrusted(frame)
@@ -366,12 +370,7 @@ def test_a_meta_field_that_runs_into_the_tail_is_refused(short: int) -> None:
     kind, key, rest = c.encode_command(cmd)
     (meta_len,) = c.META_LEN.unpack_from(rest)
     bad_rest = c.META_LEN.pack(meta_len - short) + rest[c.META_LEN.size :]
-    frame = (
-        c.FRAME_HEADER.pack(c.VERSION, 0, 1)
-        + c.INDEX_ENTRY.pack(kind, 0, len(key), len(bad_rest))
-        + key
-        + bad_rest
-    )
+    frame = one_command_frame(kind, key, bad_rest)
     with pytest.raises(RemoteProtocolError, match="ENQUEUE"):
         c.decode_frame_untrusted(frame)
     with pytest.raises(RemoteProtocolError, match="ENQUEUE"):
@@ -384,12 +383,7 @@ def test_a_replicated_inside_a_replicated_is_refused() -> None:
     kind, key, rest = c.encode_command(outer)
     (meta_len,) = c.META_LEN.unpack_from(rest)
     nested = rest[: c.META_LEN.size + meta_len] + c.encode_frame([inner])
-    frame = (
-        c.FRAME_HEADER.pack(c.VERSION, 0, 1)
-        + c.INDEX_ENTRY.pack(kind, 0, len(key), len(nested))
-        + key
-        + nested
-    )
+    frame = one_command_frame(kind, key, nested)
     with pytest.raises(RemoteProtocolError, match="nested Replicated"):
         c.decode_frame_untrusted(frame)
 
@@ -457,12 +451,7 @@ def test_a_head_is_read_without_decoding_the_inner_commands() -> None:
     cmd = c.Replicated("site-p", 5, 42, 3, 7, (Mode.FULL,), (c.QueueDeclare("q"),))
     kind, key, rest = c.encode_command(cmd)
     rest = rest[: len(rest) - len(c.encode_frame(cmd.commands))] + inner
-    frame = (
-        c.FRAME_HEADER.pack(c.VERSION, 0, 1)
-        + c.INDEX_ENTRY.pack(kind, 0, len(key), len(rest))
-        + key
-        + rest
-    )
+    frame = one_command_frame(kind, key, rest)
     with pytest.raises(RemoteProtocolError):
         c.decode_frame_untrusted(frame)
     # ... while its head reads, typed, and the tail is the inner frame as sent.
