@@ -338,7 +338,7 @@ class InboundDelivery:
     it.
     """
 
-    __slots__ = ("_dlv", "_message", "_settled", "encoded", "fields", "link", "presettled", "tag")
+    __slots__ = ("_dlv", "_message", "_settled", "encoded", "fields", "link", "presettled")
 
     def __init__(
         self,
@@ -355,8 +355,6 @@ class InboundDelivery:
         self.encoded = encoded
         self.fields = fields
         self._message = message
-        tag = dlv.tag
-        self.tag: bytes = tag.encode() if isinstance(tag, str) else bytes(tag)
         self.presettled = presettled
         self._settled = False
 
@@ -800,21 +798,25 @@ class AmqpConnection:
         return None
 
     async def _on_incoming_delivery(self, link: IncomingLink, dlv: Delivery) -> None:
-        if dlv.aborted:
+        # The delivery's state is read through cproton, as the events are
+        # (each of Proton's properties is a Python call around the same one).
+        impl = dlv._impl
+        if cproton.pn_delivery_aborted(impl):
             dlv.settle()
             link._receiver.advance()
             return
-        if not dlv.readable:
+        if not cproton.pn_delivery_readable(impl):
             return  # an update on a delivery we already passed on
-        if dlv.partial:
-            if dlv.pending > MAX_MESSAGE_BYTES:
+        pending = cproton.pn_delivery_pending(impl)
+        if cproton.pn_delivery_partial(impl):
+            if pending > MAX_MESSAGE_BYTES:
                 link.close(
                     "amqp:link:message-size-exceeded",
                     f"message on link to {link.address!r} exceeds {MAX_MESSAGE_BYTES} bytes",
                 )
             return
-        data = bytes(link._receiver.recv(dlv.pending) or b"")
-        presettled = bool(dlv.settled)
+        data = bytes(link._receiver.recv(pending) or b"")
+        presettled = bool(cproton.pn_delivery_settled(impl))
         link._receiver.advance()
         msg: Message | None = None
         try:
