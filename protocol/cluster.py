@@ -806,9 +806,7 @@ def _decode_at(kind: int, key: str, data: bytes, view: memoryview, start: int, e
     codec, meta_at, meta_end = _locate_meta_untrusted(kind, key, data, start, end)
     try:
         values = codec.plan.unpack_values_untrusted(data, meta_at, meta_end)
-    except RemoteProtocolError as exc:
-        raise RemoteProtocolError(f"malformed {Kind(kind).name} command: {exc}") from exc
-    except _DECODE_ERRORS as exc:
+    except (RemoteProtocolError, *_DECODE_ERRORS) as exc:
         raise RemoteProtocolError(f"malformed {Kind(kind).name} command: {exc}") from exc
     try:
         result: Command = codec.build(key, values, view[meta_end:end])
