@@ -349,7 +349,7 @@ class ChaosRun:
         self.rules.write_text(RULES.format(mode="full"))
         two = TwoSites(
             workdir=workdir / "lab", metrics=True, bus=opts.bus, durable=True, nodes=opts.nodes,
-            rules=self.rules, verify_s=VERIFY_S,
+            rules=self.rules, verify_s=VERIFY_S, capture_dir=workdir / "captures",
         )  # fmt: skip
         self.two = two
         two.p.start_timeout_s = two.d.start_timeout_s = opts.start_timeout_s
