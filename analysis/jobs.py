@@ -113,18 +113,53 @@ def forwarded(df: DataFrame) -> DataFrame:
     )
 
 
-def ingested(df: DataFrame) -> DataFrame:
-    """D's ingested stream, one row per (event, queue) application."""
+def _ingested_rows(df: DataFrame) -> DataFrame:
     return (
         df.where(F.col("stream") == "ingested")
         .withColumnRenamed("origin_incarnation", "event_incarnation")
         .withColumnRenamed("origin_cseq", "event_cseq")
-        .select(
-            *KEY,
-            F.col("cseq").alias("apply_cseq"),
-            F.col("wall_time_us").alias("apply_us"),
-            F.col("site").alias("dr_site"),
-        )
+        .withColumnRenamed("site", "dr_site")
+        .withColumnRenamed("cseq", "apply_cseq")
+    )
+
+
+def ingested(df: DataFrame) -> DataFrame:
+    """D's ingested stream, one row per (event, queue) application.
+
+    Every D sidecar records what its node applied, and one event may give
+    several records for a queue (one per kind of command): an application is
+    one D cseq of one site, however many records name it.  A resync's
+    installation is not an event (:func:`resyncs`).
+    """
+    return (
+        _ingested_rows(df)
+        .where(~F.coalesce(F.col("resync"), F.lit(False)))
+        .groupBy(*KEY, "dr_site", "apply_cseq")
+        .agg(F.min("wall_time_us").alias("apply_us"))
+    )
+
+
+def resyncs(df: DataFrame) -> DataFrame:
+    """The resyncs D installed: one row per (origin incarnation, cut)."""
+    return (
+        _ingested_rows(df)
+        .where(F.col("resync"))
+        .groupBy("event_incarnation", F.col("event_cseq").alias("cut"))
+        .agg(F.min("apply_cseq").alias("apply_cseq"))
+    )
+
+
+def ingested_spans(df: DataFrame) -> DataFrame:
+    """Per ingested segment and origin incarnation, the first and last origin
+    cseq it recorded.  A segment holds, in order, every application its node
+    made from its first record to its last (a sidecar killed loses only its
+    segment's tail), and D applies an origin's events in rising cseq: an
+    event between a segment's first and last that the segment lacks was not
+    applied."""
+    return (
+        _ingested_rows(df)
+        .groupBy("segment", "event_incarnation")
+        .agg(F.min("event_cseq").alias("span_first"), F.max("event_cseq").alias("span_last"))
     )
 
 
@@ -163,9 +198,10 @@ def audit(df: DataFrame) -> dict[str, DataFrame]:
 
     Returns ``violations`` (one row per violation: ``missing_at_d``,
     ``applied_twice``, ``out_of_order``, ``filtered_leaked``; ``cseq`` is the
-    event's origin cseq), ``not_captured`` (forwarded events after the last
-    application D's captures show, which they cannot judge: not violations)
-    and ``per_queue`` (events forwarded and applied per queue).
+    event's origin cseq), ``not_captured`` (forwarded events D's captures
+    lack where no D capture spans them, or that a resync's snapshot covers:
+    not violations, and the detail says which) and ``per_queue`` (events
+    forwarded and applied per queue).
     """
     fwd = forwarded(df).withColumn("leaked", leaked(F.col("mode"), F.col("kind_name")))
     ing = ingested(df)
@@ -180,28 +216,37 @@ def audit(df: DataFrame) -> dict[str, DataFrame]:
             detail.alias("detail"),
         )
 
-    # D applies each origin's stream in order: an event absent below the last
-    # one D's captures show applied was not applied (missing_at_d); one above
-    # it went by after D's captures end (a node's capture stopped, or the run
-    # ended first), which the captures cannot judge (not_captured).
-    absent = _key_join(fwd.where(~F.col("leaked")), ing, "left_anti").join(
-        ing.groupBy("event_incarnation").agg(F.max("event_cseq").alias("captured_upto")),
-        "event_incarnation",
-        "left",
+    # An event D's captures lack is judged only where a segment spans it (see
+    # ingested_spans): elsewhere no capture was running on any node, or every
+    # one that was lost its tail (not_captured).  An event at or below the cut
+    # of a resync D installed is in that snapshot, applied or not.
+    absent = _key_join(fwd.where(~F.col("leaked")), ing, "left_anti")
+    spans = ingested_spans(df)
+    spanned = absent.alias("a").join(
+        spans.alias("s"),
+        (F.col("a.event_incarnation") == F.col("s.event_incarnation"))
+        & F.col("a.event_cseq").between(F.col("s.span_first"), F.col("s.span_last")),
+        "left_semi",
     )
-    after = F.col("captured_upto").isNull() | (F.col("event_cseq") > F.col("captured_upto"))
-    missing = shape(
-        absent.where(~after),
-        "missing_at_d",
-        F.concat(F.lit("forwarded in mode "), F.col("mode")),
-    )
+    installed = resyncs(df).groupBy("event_incarnation").agg(F.max("cut").alias("resync_cut"))
+    absent = absent.join(installed, "event_incarnation", "left")
+    in_resync = F.col("resync_cut").isNotNull() & (F.col("event_cseq") <= F.col("resync_cut"))
+    judged = spanned.join(installed, "event_incarnation", "left").where(~in_resync)
+    missing = shape(judged, "missing_at_d", F.concat(F.lit("forwarded in mode "), F.col("mode")))
+    unjudged = _key_join(absent, judged.select(*KEY), "left_anti")
     not_captured = shape(
-        absent.where(after),
+        unjudged,
         "not_captured",
-        F.concat(
-            F.lit("forwarded after D's captures end (the last application they show: origin cseq "),
-            F.coalesce(F.col("captured_upto").cast("string"), F.lit("none")),
-            F.lit(")"),
+        F.when(
+            in_resync,
+            F.concat(
+                F.lit("in the snapshot of the resync D installed, cut at origin cseq "),
+                F.col("resync_cut").cast("string"),
+            ),
+        ).otherwise(
+            F.lit(
+                "no D capture spans it (none was running, or each lost its tail with its sidecar)"
+            )
         ),
     ).orderBy("origin_incarnation", "cseq", "queue")
 
@@ -218,7 +263,7 @@ def audit(df: DataFrame) -> dict[str, DataFrame]:
 
     copies = ing.groupBy(*KEY).agg(
         F.count("*").alias("copies"), F.sort_array(F.collect_list("apply_cseq")).alias("at")
-    )
+    )  # one row per application (ingested): two rows are two applications
     kinds = fwd.select(*KEY, "kind_name")
     twice = _key_join(copies.where(F.col("copies") > 1), kinds, "left")
     twice = shape(

@@ -48,6 +48,7 @@ from protocol.capture import CaptureRecord, CaptureRole, Stream
 from protocol.errors import DrgateError
 
 __all__ = [
+    "INGESTED_COMMANDS",
     "CaptureConfig",
     "CaptureSink",
     "capture_role",
@@ -70,6 +71,12 @@ _ROLES: Final[dict[str, CaptureRole]] = {
     SidecarRole.STANDBY: CaptureRole.STANDBY,
     SidecarRole.INGRESS_STANDBY: CaptureRole.STANDBY,
 }
+
+
+# What the ingested stream records: the forwarded events D applied, and the
+# resyncs it installed.
+Ingested = pc.Replicated | pc.ResyncCommit | pc.ResyncApply
+INGESTED_COMMANDS: Final = (pc.Replicated, pc.ResyncCommit, pc.ResyncApply)
 
 
 def capture_role(role: str) -> CaptureRole:
@@ -204,8 +211,9 @@ class CaptureSink:
             share = max(1, round(wire * len(payload) / total)) if wire > 0 else 0
             self._push(Stream.FORWARDED, ("f", now_us, seq, payload, share))
 
-    def ingested(self, cmd: pc.Replicated, effects: Iterable[Any], cseq: int) -> None:
-        """D: this sidecar's ``Replicated`` came back on D's bus and was applied at ``cseq``."""
+    def ingested(self, cmd: Ingested, effects: Iterable[Any], cseq: int) -> None:
+        """D: this node applied ``cmd`` (an event, or a resync's installation) at
+        ``cseq``, whichever sidecar multicast it: every D sidecar records it."""
         if Stream.INGESTED not in self.config.streams:
             return
         for e in effects:

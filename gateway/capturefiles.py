@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final
 
 from gateway.captureconfig import CaptureConfig
-from gateway.capturerecords import RuleOf, replicated_records
+from gateway.capturerecords import RuleOf, replicated_records, resync_record
 from protocol import cluster as pc
 from protocol.capture import CaptureRecord, CaptureRole, CaptureWriter, SegmentHeader, Stream
 from protocol.errors import DrgateError
@@ -37,8 +37,8 @@ SEGMENT_SUFFIX: Final = ".cap"
 _SEGMENT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<index>\d{6,})\.cap$")
 
 # What the hooks batch: ("r", stream, record) a ready record; ("f", wall_time_us,
-# seq, payload, wire_size) a forwarded event; ("i", wall_time_us, cseq, cmd) an
-# ingested Replicated.
+# seq, payload, wire_size) a forwarded event; ("i", wall_time_us, cseq, cmd) a
+# Replicated, ResyncCommit or ResyncApply D applied.
 Item = tuple[Any, ...]
 
 
@@ -191,6 +191,12 @@ class CaptureFiles:
             return Stream.FORWARDED, records
         _, now_us, cseq, cmd = item
         encoded = pc.encode_frame([cmd])
+        if not isinstance(cmd, pc.Replicated):
+            installed = resync_record(
+                cmd, wall_time_us=now_us, cseq=cseq, size=len(encoded),
+                payload=encoded if payloads else None,
+            )  # fmt: skip
+            return Stream.INGESTED, [installed]
         return Stream.INGESTED, replicated_records(
             cmd,
             wall_time_us=now_us,

@@ -12,9 +12,14 @@ Record shapes, per stream (the records' layout is protocol/capture.py's):
   event's sequence number, ``origin_incarnation`` = P's incarnation;
   ``size`` is the event's encoded bytes and ``wire_size`` its share of the
   compressed link batches sent with it (split across groups).
-* ``ingested``: the same grouping, at D, for each ``Replicated`` the active
-  ingress multicast and D applied (outcome ``applied``; a refused duplicate
-  is not an application); ``cseq`` is D's cseq of the application.
+* ``ingested``: the same grouping, at D, for each ``Replicated`` D applied
+  (outcome ``applied``; a refused duplicate is not an application); ``cseq``
+  is D's cseq of the application.  Every D sidecar records what its node
+  applied, whichever sidecar multicast it, so a sidecar killed with records
+  unwritten leaves no hole the others do not cover; one application is one
+  D cseq, however many nodes recorded it.  A resync's installation
+  (``ResyncCommit``, ``ResyncApply``) is one record of its own
+  (:func:`resync_record`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from protocol import cluster as pc
 from protocol.capture import NO_RULE, CaptureRecord
 from protocol.modes import Mode
 
-__all__ = ["RuleOf", "replicated_records", "tapped_records", "without_payload"]
+__all__ = ["RuleOf", "replicated_records", "resync_record", "tapped_records", "without_payload"]
 
 RuleOf = Callable[[str], Decision | None]
 
@@ -96,6 +101,31 @@ def replicated_records(
             )
         )
     return records
+
+
+def resync_record(
+    cmd: pc.ResyncCommit | pc.ResyncApply,
+    *,
+    wall_time_us: int,
+    cseq: int,
+    size: int,
+    payload: bytes | None,
+) -> CaptureRecord:
+    """The ingested stream's record of a resync installed at D's ``cseq``: the
+    origin's state at its cseq ``cut`` replaced D's copy.  No queue (it
+    covers every replicated queue of the origin), ``origin_cseq`` = the cut,
+    the resync flag set; mode ``full`` (what it does: replace)."""
+    return CaptureRecord(
+        wall_time_us=wall_time_us,
+        cseq=cseq,
+        kind=int(cmd.KIND),
+        mode=Mode.FULL,
+        size=size,
+        origin_cseq=cmd.cut,
+        origin_incarnation=cmd.incarnation,
+        resync=True,
+        payload=payload,
+    )  # fmt: skip
 
 
 def tapped_records(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import re
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -258,3 +259,62 @@ def test_events_after_ds_captures_end_are_not_captured_but_a_gap_before_is_missi
     twosite.write(run, tmp_path)
     assert violations(spark, tmp_path) == [("missing_at_d", P, dropped, queue)]
     assert not_captured(spark, tmp_path) == {a.event.cseq for a in after_the_end}
+
+
+def not_captured_details(spark: Any, directory: Path) -> dict[int, str]:
+    df = spark.read.format("drgate-capture").load(str(directory))
+    return {r.cseq: r.detail for r in jobs.audit(df)["not_captured"].collect()}
+
+
+def test_every_d_node_recording_an_application_is_not_applied_twice(
+    spark: Any, tmp_path: Path
+) -> None:
+    # Every D sidecar records what its node applied: three records of one
+    # application (one D cseq) are one application.
+    run = twosite.plan()
+    twosite.write(run, tmp_path, d_nodes={1: slice(None), 2: slice(None), 3: slice(None)})
+    assert violations(spark, tmp_path) == []
+
+
+def test_one_event_in_several_records_at_one_cseq_is_applied_once(
+    spark: Any, tmp_path: Path
+) -> None:
+    # The chaos run's first audit: an event whose commands for q-switch were of
+    # three kinds gave three records at D cseq 1412, "applied 3 times".
+    run = twosite.plan()
+    victim = twosite.event(run, Kind.PUBLISH, "orders", 1)
+    at = next(n for n, a in enumerate(run.applied) if a.event is victim)
+    again = Applied(replace(victim, kind=int(Kind.ENQUEUE)), lag_us=20_000, same_cseq=True)
+    run.applied.insert(at + 1, again)
+    twosite.write(run, tmp_path)
+    assert violations(spark, tmp_path) == []
+
+
+def test_a_killed_ingress_leaves_events_not_captured_that_another_node_judges(
+    spark: Any, tmp_path: Path
+) -> None:
+    run = twosite.plan()
+    run.applied.sort(key=lambda a: a.event.cseq)
+    unseen = {a.event.cseq for a in run.applied[20:25]}
+    # node 1 (the ingress) died with records 20..24 unwritten; node 2 started
+    # after them: nobody recorded them, so they are not judged
+    twosite.write(run, tmp_path / "a", d_nodes={1: slice(0, 20), 2: slice(25, None)})
+    assert violations(spark, tmp_path / "a") == []
+    assert set(not_captured_details(spark, tmp_path / "a")) == unseen
+    # a standby that recorded through them judges them: one never applied is missing
+    _, dropped, queue = _dropped(run)
+    twosite.write(run, tmp_path / "b", d_nodes={1: slice(0, 20), 3: slice(None)})
+    assert violations(spark, tmp_path / "b") == [("missing_at_d", P, dropped, queue)]
+
+
+def test_an_event_in_a_resync_snapshot_is_not_missing(spark: Any, tmp_path: Path) -> None:
+    run = twosite.plan()
+    _, dropped, queue = _dropped(run)
+    run.resync_cuts = [dropped - 1]  # a resync cut before it does not cover it
+    twosite.write(run, tmp_path / "before")
+    assert violations(spark, tmp_path / "before") == [("missing_at_d", P, dropped, queue)]
+    run.resync_cuts = [dropped + 5]
+    twosite.write(run, tmp_path / "after")
+    assert violations(spark, tmp_path / "after") == []
+    detail = not_captured_details(spark, tmp_path / "after")[dropped]
+    assert f"resync D installed, cut at origin cseq {dropped + 5}" in detail

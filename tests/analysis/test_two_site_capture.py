@@ -100,11 +100,15 @@ def test_segments_are_complete_and_streams_as_configured(captures: Path) -> None
     tapped_none = Counter[str]()
     forwarded_queues: set[str] = set()
     wire = raw = 0
+    applied_at: dict[int, set[tuple[int, int, bool]]] = {}  # D node -> what it recorded
     for path, reader, records in segments:
         assert reader.complete, f"{path.name} has no trailer after a clean stop"
         assert reader.header is not None
         site, stream = reader.header.site, reader.header.stream
         by_stream[(site, stream)] += len(records)
+        if stream is Stream.INGESTED:
+            applied = applied_at.setdefault(reader.header.node, set())
+            applied.update((r.cseq, r.origin_cseq, r.resync) for r in records)
         for r in records:
             if stream is Stream.TAPPED and r.mode == Mode.NONE:
                 tapped_none.update(r.queues)
@@ -118,6 +122,11 @@ def test_segments_are_complete_and_streams_as_configured(captures: Path) -> None
     assert by_stream[("site-d", Stream.INGESTED)] > 0
     assert by_stream[("site-d", Stream.TAPPED)] == 0
     assert by_stream[("site-p", Stream.INGESTED)] == 0
+    # every D sidecar records what its node applied, the same applications at
+    # the same D cseqs, the seeding resync's installation among them
+    assert sorted(applied_at) == [1, 2, 3]
+    assert applied_at[1] == applied_at[2] == applied_at[3]
+    assert any(resync for _, _, resync in applied_at[1])
     # the none queue's publishes are in the tapped stream as filtered, never forwarded
     assert tapped_none["q-none"] >= 3 * PUBLISHED
     assert "q-none" not in forwarded_queues

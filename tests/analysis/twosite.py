@@ -9,6 +9,7 @@ segments are written.
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -48,6 +49,7 @@ class Applied:
 
     event: CaptureRecord
     lag_us: int
+    same_cseq: bool = False  # one more record of the application before it (another kind)
 
 
 @dataclass
@@ -55,6 +57,7 @@ class Run:
     tapped: list[CaptureRecord] = field(default_factory=list)
     forwarded: list[CaptureRecord] = field(default_factory=list)
     applied: list[Applied] = field(default_factory=list)
+    resync_cuts: list[int] = field(default_factory=list)  # resyncs D installed, after the events
 
 
 def forwards(mode: Mode, kind: int) -> bool:
@@ -116,11 +119,18 @@ def _header(site: str, node: int, role: CaptureRole, stream: Stream, inc: int) -
 
 
 def write(
-    run: Run, directory: Path, *, forwarded_segments: int = 2, cut_last: bool = False
+    run: Run,
+    directory: Path,
+    *,
+    forwarded_segments: int = 2,
+    cut_last: bool = False,
+    d_nodes: Mapping[int, slice] | None = None,
 ) -> None:
     """Write P's tapped and forwarded streams and D's ingested stream under ``directory``.
 
-    ``cut_last``: D's segment is left as a writer killed mid-write leaves it.
+    ``cut_last``: D's segments are left as a writer killed mid-write leaves them.
+    ``d_nodes``: which D nodes recorded which part of D's applications (in D's
+    order, the resyncs last); by default node 1 recorded them all.
     """
     directory.mkdir(parents=True, exist_ok=True)
     end = T0 + 3_600_000_000
@@ -147,7 +157,8 @@ def write(
     ingested = []
     d_cseq = 1000
     for a in run.applied:
-        d_cseq += 3  # D's own traffic in between
+        if not a.same_cseq:
+            d_cseq += 3  # D's own traffic in between
         ingested.append(
             replace(
                 a.event,
@@ -159,12 +170,27 @@ def write(
             )
         )
     ingested.sort(key=lambda r: r.cseq)
-    segment(
-        "d1-ingested-0000.cap",
-        _header("dr", 1, CaptureRole.INGRESS, Stream.INGESTED, INC_D),
-        ingested,
-        cut_last,
-    )
+    for cut in run.resync_cuts:
+        d_cseq += 3
+        ingested.append(
+            CaptureRecord(
+                wall_time_us=end - 1_000_000 + d_cseq,
+                cseq=d_cseq,
+                kind=int(Kind.RESYNC_COMMIT),
+                mode=Mode.FULL,
+                origin_cseq=cut,
+                origin_incarnation=INC_P,
+                resync=True,
+            )
+        )
+    for node, part in (d_nodes or {1: slice(None)}).items():
+        role = CaptureRole.INGRESS if node == 1 else CaptureRole.STANDBY
+        segment(
+            f"d{node}-ingested-0000.cap",
+            _header("dr", node, role, Stream.INGESTED, INC_D),
+            ingested[part],
+            cut_last,
+        )
 
 
 def event(run: Run, kind: int, queue: str, nth: int = 0) -> CaptureRecord:

@@ -18,7 +18,9 @@ quiescence: the WAN restored, the rules back, every process up (one that
 died without a fault is a finding), the clients stopped, the links drained
 and the full replicas equal; D's enqueue queue drained by its consumer; the
 queues' contents read (a holding consumer, which settles nothing) and
-checked.  No process and no namespace may be left after the sites stop.
+checked.  Once the sites stop, the Spark audit reads what the sidecars
+captured (tests/chaos/audit.py).  No process and no namespace may be left
+after the sites stop.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from lab.lifetime import fill, tmpfs
 from lab.netns import list_netns
 from lab.site import START_TIMEOUT_S, BrokerSite, SiteError, TwoSites, finish_client
 from tests.chaos import schedule as sch
+from tests.chaos.audit import run_audit
 from tests.chaos.checker import ACCEPTED, IN_DOUBT, Delivery, QueueRecord, check
 from tests.lab import queues, status, wait_for
 
@@ -125,6 +128,7 @@ class ChaosReport:
     published: int = 0
     accepted: int = 0
     run_s: float = 0.0
+    audit: str = "Spark audit: not run"
 
     @property
     def ok(self) -> bool:
@@ -135,7 +139,7 @@ class ChaosReport:
             f"chaos seed={self.options.seed} faults={len(self.schedule)} bus={self.options.bus}: "
             f"{'PASS' if self.ok else 'FAIL'} in {self.run_s:.0f} s; "
             f"{self.published} published, {self.accepted} accepted at P\n"
-            f"faults by kind: {sch.counts(self.schedule)}\n"
+            f"faults by kind: {sch.counts(self.schedule)}\n{self.audit}\n"
         )
         problems = "".join(f"  PROBLEM {p}\n" for p in self.problems)
         return head + problems + "timeline:\n" + "".join(f"  {t}\n" for t in self.timeline)
@@ -372,6 +376,7 @@ class ChaosRun:
                 self._run_schedule(clients)
                 self._quiesce(clients)
                 self._check(clients)
+            self._audit(workdir)  # the sites stopped: every segment has its trailer
         except Exception as exc:
             self.problem(f"the run failed: {exc!r}")
         finally:
@@ -621,16 +626,24 @@ class ChaosRun:
 
     # -- the check ----------------------------------------------------------------
 
+    def _audit(self, workdir: Path) -> None:
+        self.log("Spark audit of the sidecars' captures")
+        result = run_audit(workdir / "captures", workdir / "analysis")
+        self.report.audit = result.summary()
+        self.log(self.report.audit)
+        for text in result.problems:
+            self.problem(text)
+
     def _check(self, clients: Clients) -> None:
         two = self.two
         for queue in D_CONSUMED:  # D's consumer takes what is left
-            record = clients.records / f"final-{queue}.jsonl"
+            received = clients.records / f"final-{queue}.jsonl"
             done = two.d.client(
                 1, "consume", two.d.amqp[1], queue, "--idle", "5", "--credit", "200",
-                "--record", str(record),
+                "--record", str(received),
             )  # fmt: skip
             slot = next(s for s in clients.slots if s.name == f"dcon-{queue}")
-            slot.deliveries += deliveries(record, 10**6, broken=bool(done.get("error")))
+            slot.deliveries += deliveries(received, 10**6, broken=bool(done.get("error")))
         # D first: P's holding consumer acquires, and P replicates that to D.
         d_held, d_digest, d_depth = self._held(two.d)
         p_held, p_digest, _ = self._held(two.p)

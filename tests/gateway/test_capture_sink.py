@@ -254,6 +254,22 @@ async def test_ingested_records_only_applications(tmp_path: Path) -> None:
     assert sorted(q for r in records for q in r.queues) == ["audit", "billing", "orders"]
 
 
+async def test_ingested_records_a_resync_installed_not_one_refused(tmp_path: Path) -> None:
+    sink = sink_for(tmp_path, streams=frozenset({Stream.INGESTED}))
+    installed = pc.ResyncCommit("site-p", 77, 4000, 1, 0, 3)
+    refused = pc.ResyncApply("site-p", 77, 3000, 1, 0, b"")
+
+    def outcome(cmd: pc.ResyncCommit | pc.ResyncApply, o: st.Outcome) -> list[object]:
+        return [st.ReplicatedOutcome(cmd.origin_cluster, cmd.incarnation, cmd.cut, 1, o)]
+
+    sink.ingested(installed, outcome(installed, st.Outcome.APPLIED), cseq=600)
+    sink.ingested(refused, outcome(refused, st.Outcome.DUPLICATE), cseq=601)
+    await sink.flush(closing=True)
+    [(_, _, [record])] = list(segments(tmp_path / "cap"))
+    assert (record.cseq, record.origin_cseq, record.origin_incarnation) == (600, 4000, 77)
+    assert record.resync and record.queues == () and record.kind == pc.Kind.RESYNC_COMMIT
+
+
 async def test_write_errors_are_counted_not_raised(tmp_path: Path) -> None:
     (tmp_path / "cap").write_text("a file where the directory should be")
     sink = sink_for(tmp_path)
