@@ -206,6 +206,11 @@ class Sidecar(NullObserver):
         if isinstance(cmd, pc.Durable):
             self._durable_advanced()  # held acks (D), or events held back (P), may go
         if not self.config.primary:
+            if self.state.incarnation == 0:
+                # Not the site's state yet: its brokers' recovery will replace
+                # it (a start over applies what it buffered to an empty
+                # state).  No copy to compare, no application to capture.
+                return
             if isinstance(cmd, pc.Replicated):
                 self.verifications.record(effects)
             if self.capture is not None and isinstance(cmd, INGESTED_COMMANDS):

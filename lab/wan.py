@@ -115,22 +115,23 @@ class TokenBucket:
         self._tokens = float(self.burst)
         self._last = trio.current_time()
 
-    async def take(self, n: int) -> None:
-        """Wait until ``n`` bytes may go."""
+    async def take(self, n: int) -> float:
+        """Wait until ``n`` bytes may go; the time the bucket cleared them (what
+        the rate is judged by: the caller may run a little later)."""
         if self.rate <= 0:
-            return
+            return trio.current_time()
         async with self._lock:
             while True:
-                if self.rate <= 0:
-                    return  # the cap was lifted while this waited
                 now = trio.current_time()
+                if self.rate <= 0:
+                    return now  # the cap was lifted while this waited
                 self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
                 self._last = now
                 # A piece larger than the burst goes once the bucket is full,
                 # and leaves it in debt: the average rate holds either way.
                 if self._tokens >= min(n, self.burst):
                     self._tokens -= n
-                    return
+                    return now
                 await trio.sleep((min(n, self.burst) - self._tokens) / self.rate)
 
 
@@ -307,12 +308,10 @@ class WanEmulator:
                 await self._flowing.wait()
                 bucket = self._buckets[direction]
                 piece = view[: bucket.burst] if bucket.rate > 0 else view
-                await bucket.take(len(piece))
+                permit = await bucket.take(len(piece))
                 if not self._flowing.is_set():
                     continue  # stalled while waiting for tokens: the bytes wait too
-                self.records.append(
-                    Piece(conn, direction, len(piece), arrival, release, trio.current_time())
-                )
+                self.records.append(Piece(conn, direction, len(piece), arrival, release, permit))
                 await dst.send_all(piece)
                 self.counters[counter] += len(piece)
                 view = view[len(piece) :]

@@ -6,6 +6,8 @@ as the link carries them."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -14,13 +16,18 @@ import trio
 import trio.testing
 
 from cluster.state import QueueDeleted, Verified, apply, new_state
+from gateway.capture import CaptureConfig
 from gateway.commands import verify as verify_command
 from gateway.linkconfig import DEFAULT_VERIFY_S
+from gateway.sidecar import Sidecar
 from gateway.verification import Verifications
 from protocol import cluster as pc
+from protocol.capture import Stream
 from protocol.modes import Mode
 from tests.gateway.test_sidecar import PrimarySite
 from tests.gateway.test_tap import SA, Site
+from tests.support.linkpeer import sidecar_config
+from tests.support.membus import MemoryBus, open_memory_member
 
 
 class Sites:
@@ -184,3 +191,41 @@ def test_drgate_verify_shows_the_newest_result_per_queue_and_exits_by_the_verdic
     assert verify_command.report({"orders": result(12, True)}, 10, ["d1"], as_json=False) == 0
     assert verify_command.report({}, 0, ["http://d1:9465/status"], as_json=False) == 2
     assert "none of http://d1:9465/status reports a comparison" in capsys.readouterr().out
+
+
+async def test_a_d_sidecar_whose_site_is_recovering_neither_compares_nor_captures(
+    tmp_path: Path,
+) -> None:
+    # (The real clock: the capture's files are made in a worker thread.)
+    # The 200-fault corosync run (seed 2025, 29 Nov): a D node that started
+    # its site over after a partition applied the events it had buffered to
+    # the empty state its journals' recovery was about to replace, and
+    # logged "no replica of 'site-p' named 'q-full' here".  Until the site's
+    # state is installed there is no copy to compare, and no application to
+    # capture: the recovery replaces them.
+    config = sidecar_config(tmp_path, primary=False, site="site-d", peer="site-p")
+    config = dataclasses.replace(
+        config,
+        bus=dataclasses.replace(config.bus, expect_brokers=1),
+        capture=CaptureConfig(str(tmp_path / "cap"), streams=frozenset({Stream.INGESTED})),
+    )
+    sites = busy()
+    event = sites.p.run(pc.VerifyPoint(1_000))
+    assert event is not None
+    [replicated] = pc.decode_frame_untrusted(event.payload)
+    async with trio.open_nursery() as nursery:
+        sidecar = Sidecar(config, open_member=open_memory_member(MemoryBus(group="site-d")))
+        serve = functools.partial(PrimarySite._serve, task_status=trio.TASK_STATUS_IGNORED)
+        nursery.start_soon(serve, sidecar)  # it is ready once its site is
+        with trio.fail_after(30):
+            await sidecar.member.ready.wait()
+            assert sidecar.state.incarnation == 0  # waiting for its brokers' journals
+            applied = sidecar.state.cseq + 1
+            sidecar.member.post(replicated)
+            while sidecar.state.cseq < applied:  # noqa: ASYNC110 (no event to await)
+                await trio.sleep(0.01)
+        assert sidecar.verifications.section().checks_total == 0
+        assert sidecar.capture is not None
+        await sidecar.capture.flush(closing=True)
+        assert sidecar.capture.statistics()["records_total"].get("ingested", 0) == 0
+        nursery.cancel_scope.cancel()
