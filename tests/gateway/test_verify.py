@@ -220,10 +220,7 @@ async def test_a_d_sidecar_whose_site_is_recovering_neither_compares_nor_capture
         with trio.fail_after(30):
             await sidecar.member.ready.wait()
             assert sidecar.state.incarnation == 0  # waiting for its brokers' journals
-            applied = sidecar.state.cseq + 1
-            sidecar.member.post(replicated)
-            while sidecar.state.cseq < applied:  # noqa: ASYNC110 (no event to await)
-                await trio.sleep(0.01)
+            await sidecar.member.submit_and_wait(replicated)  # applied here
         assert sidecar.verifications.section().checks_total == 0
         assert sidecar.capture is not None
         await sidecar.capture.flush(closing=True)
