@@ -129,7 +129,7 @@ def ingested(df: DataFrame) -> DataFrame:
     Every D sidecar records what its node applied, and one event may give
     several records for a queue (one per kind of command): an application is
     one D cseq of one site, however many records name it.  A resync's
-    installation is not an event (:func:`resyncs`).
+    installation is not an event (:func:`resync_cuts`).
     """
     return (
         _ingested_rows(df)
@@ -139,13 +139,13 @@ def ingested(df: DataFrame) -> DataFrame:
     )
 
 
-def resyncs(df: DataFrame) -> DataFrame:
-    """The resyncs D installed: one row per (origin incarnation, cut)."""
+def resync_cuts(df: DataFrame) -> DataFrame:
+    """Per origin incarnation, the highest cut of a resync D installed."""
     return (
         _ingested_rows(df)
         .where(F.col("resync"))
-        .groupBy("event_incarnation", F.col("event_cseq").alias("cut"))
-        .agg(F.min("apply_cseq").alias("apply_cseq"))
+        .groupBy("event_incarnation")
+        .agg(F.max("event_cseq").alias("resync_cut"))
     )
 
 
@@ -220,7 +220,9 @@ def audit(df: DataFrame) -> dict[str, DataFrame]:
     # ingested_spans): elsewhere no capture was running on any node, or every
     # one that was lost its tail (not_captured).  An event at or below the cut
     # of a resync D installed is in that snapshot, applied or not.
-    absent = _key_join(fwd.where(~F.col("leaked")), ing, "left_anti")
+    absent = _key_join(fwd.where(~F.col("leaked")), ing, "left_anti").join(
+        resync_cuts(df), "event_incarnation", "left"
+    )
     spans = ingested_spans(df)
     spanned = absent.alias("a").join(
         spans.alias("s"),
@@ -228,10 +230,8 @@ def audit(df: DataFrame) -> dict[str, DataFrame]:
         & F.col("a.event_cseq").between(F.col("s.span_first"), F.col("s.span_last")),
         "left_semi",
     )
-    installed = resyncs(df).groupBy("event_incarnation").agg(F.max("cut").alias("resync_cut"))
-    absent = absent.join(installed, "event_incarnation", "left")
     in_resync = F.col("resync_cut").isNotNull() & (F.col("event_cseq") <= F.col("resync_cut"))
-    judged = spanned.join(installed, "event_incarnation", "left").where(~in_resync)
+    judged = spanned.where(~in_resync)
     missing = shape(judged, "missing_at_d", F.concat(F.lit("forwarded in mode "), F.col("mode")))
     unjudged = _key_join(absent, judged.select(*KEY), "left_anti")
     not_captured = shape(

@@ -48,9 +48,9 @@ from protocol.capture import CaptureRecord, CaptureRole, Stream
 from protocol.errors import DrgateError
 
 __all__ = [
-    "INGESTED_COMMANDS",
     "CaptureConfig",
     "CaptureSink",
+    "Ingested",
     "capture_role",
     "load_capture",
 ]
@@ -76,7 +76,6 @@ _ROLES: Final[dict[str, CaptureRole]] = {
 # What the ingested stream records: the forwarded events D applied, and the
 # resyncs it installed.
 Ingested = pc.Replicated | pc.ResyncCommit | pc.ResyncApply
-INGESTED_COMMANDS: Final = (pc.Replicated, pc.ResyncCommit, pc.ResyncApply)
 
 
 def capture_role(role: str) -> CaptureRole:

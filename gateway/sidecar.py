@@ -35,7 +35,7 @@ from cluster.state.model import SiteState
 from cluster.tls import TlsFiles, server_context
 from cluster.webconfig import WebConfig
 from filters.matcher import RuleSet
-from gateway.capture import INGESTED_COMMANDS, CaptureConfig, CaptureSink, capture_role
+from gateway.capture import CaptureConfig, CaptureSink, Ingested, capture_role
 from gateway.egress import Connector, Egress
 from gateway.ingress import Ingress
 from gateway.linkconfig import DEFAULT_LINK_SETTINGS, LinkSettings
@@ -213,7 +213,7 @@ class Sidecar(NullObserver):
                 return
             if isinstance(cmd, pc.Replicated):
                 self.verifications.record(effects)
-            if self.capture is not None and isinstance(cmd, INGESTED_COMMANDS):
+            if self.capture is not None and isinstance(cmd, Ingested):
                 self.capture.ingested(cmd, effects, self.state.cseq)
             return
         if isinstance(cmd, pc.AckWatermark) and self.spool is not None and not own:
