@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from cluster.state import fenced
 from cluster.state.model import SiteState
+from cluster.state.switchover import awaiting_swap
 from gateway import resync as rs
 from protocol import link
 
@@ -53,8 +54,8 @@ def refusal(state: SiteState, *, site: str, hello: link.Hello) -> Refusal | None
     """Why this site (``site``, in ``state``) refuses ``hello``'s stream, or
     None to go on."""
     origin = state.origins.get(hello.origin_cluster)
-    if origin is None:
-        return None
+    if origin is None or awaiting_swap(state, hello.origin_cluster):
+        return None  # unknown, or the site this one handed over to: its SWAP comes
     peer = hello.origin_cluster
     if origin.promoted and peer in state.handovers:
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(origin.promoted_time_us / 1e6))

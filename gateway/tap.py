@@ -65,6 +65,7 @@ from protocol import cluster as pc
 from protocol.errors import DrgateError
 from protocol.modes import Mode
 from protocol.quickinit import quick_init
+from protocol.values import Value
 
 
 @quick_init  # one per forwarded command at every P sidecar
@@ -186,6 +187,33 @@ class Tap:
             return None
         if not items:
             return None
+        return self._event(state, items, time_us)
+
+    def swap_event(self, state: SiteState, to_cluster: str, time_us: int) -> ReplEvent:
+        """This site's first event as the primary, after a planned switchover
+        swapped the roles at ``state.cseq`` (the handover from ``to_cluster``
+        applied here, cluster/state/switchover.py): a ``SWAP`` per mode,
+        naming each queue the rules replicate in it (by its name at the
+        other site) with its highest position here.  ``to_cluster`` becomes
+        this site's DR site at this event, without a resync; the tap forwards
+        every command after it."""
+        self.epoch = state.epoch
+        self._decide_all(state)
+        queues: dict[Mode, dict[str, Value]] = {}
+        for q in state.queues.values():
+            decision = self.rules.decisions.get(q.name)
+            if decision is not None and decision.mode != Mode.NONE:
+                queues.setdefault(decision.mode, {})[decision.target_name] = q.next_pos - 1
+        items: list[tuple[Mode, pc.Command]] = [
+            (mode, pc.Switchover(to_cluster, pc.SwitchoverPhase.SWAP, time_us, names))
+            for mode, names in sorted(queues.items())
+        ] or [(Mode.WIRING, pc.Switchover(to_cluster, pc.SwitchoverPhase.SWAP, time_us))]
+        self.last_seq = state.cseq - 1  # the stream starts here: nothing before it
+        return self._event(state, items, time_us)
+
+    def _event(
+        self, state: SiteState, items: list[tuple[Mode, pc.Command]], time_us: int
+    ) -> ReplEvent:
         for mode, _ in items:
             self.forwarded[mode.label] += 1
         modes = tuple(m for m, _ in items)

@@ -20,6 +20,11 @@ class SwitchoverPhase(enum.IntEnum):
     ABORT = 0  # at P: the switchover ends without a handover; the queues are writable again
     QUIESCE = 1  # at P: publishes to the guarded queues are refused, nothing more acquired
     HANDOVER = 2  # forwarded to D: D is promoted over P at this point of P's stream
+    # The new primary's first event, forwarded to the site that handed over to
+    # it: that site becomes its DR site at this point of the new primary's
+    # stream, without a resync (``guarded``: each queue of the inner
+    # command's mode, to the new primary's highest position in it).
+    SWAP = 3
 
 
 # key=the DR site handed over to  meta: phase u8 | time_us u64 | guarded map

@@ -70,6 +70,7 @@ from cluster.state.switchover import (
     failback_acknowledged,
     failback_text,
     failing_back,
+    frozen,
     guard_text,
     switching,
     switchover,
@@ -560,6 +561,10 @@ def _accept(state: SiteState, cmd: Accept, sender: Sender | None, eff: Effects) 
     if target is None:
         return
     q, s = target
+    if frozen(state, q.name):
+        # Handed over: D holds the message, which stays here as it is there.
+        state.count("stale_settlements", len(cmd.positions))
+        return
     held = s.acquired.get(q.name)
     done: list[int] = []
     if held is not None:
@@ -783,6 +788,8 @@ def _accept_primary(
     o.promoted = False
     o.epoch = cmd.epoch
     o.applied = dict.fromkeys(o.applied, 0)
+    if cmd.origin_cluster in state.handovers:
+        state.swapped = False  # the primary's role it took by the handover ends
     state.handovers.pop(cmd.origin_cluster, None)
     state.staged.pop(cmd.origin_cluster, None)
 

@@ -472,6 +472,7 @@ class SiteState:
         "failback_cseq",
         "failback_queues",
         "guarded",
+        "handover_cseq",
         "handovers",
         "incarnation",
         "origins",
@@ -487,6 +488,7 @@ class SiteState:
         "staged",
         "superseded_by",
         "superseded_time_us",
+        "swapped",
         "switchover_time_us",
         "switchover_to",
         "watermarks",
@@ -517,6 +519,14 @@ class SiteState:
         # hands over to and since when; ``guarded`` holds the quiesced queues.
         self.switchover_to = ""
         self.switchover_time_us = 0
+        # Its HANDOVER's cseq once sent: the guarded queues are frozen from
+        # there (a settlement after it could never reach the DR site).
+        self.handover_cseq = 0
+        # The sites swapped roles in place (a planned switchover): this site
+        # runs in the role opposite to its sidecars' configured one, the
+        # primary of a DR site that handed over to it, or the DR site of the
+        # one it handed over to (cluster/state/switchover.py).
+        self.swapped = False
         # At a DR site: the origins promoted over by their own handover (not a
         # split brain when they knock), until a failback.
         self.handovers: dict[str, None] = {}

@@ -34,7 +34,7 @@ from cluster.state.model import (
     describe_args,
 )
 from cluster.state.queues import delete_queue, forget_hold, purge_available
-from cluster.state.switchover import handover
+from cluster.state.switchover import handover, swap_in, swapping, take_dr_role
 from protocol.cluster import (
     Bind,
     Dequeue,
@@ -46,6 +46,7 @@ from protocol.cluster import (
     QueueDelete,
     Replicated,
     Switchover,
+    SwitchoverPhase,
     Unbind,
     Verify,
 )
@@ -62,6 +63,9 @@ def replicated(state: SiteState, cmd: Replicated, sender: Sender | None, eff: Ef
             ReplicatedOutcome(cmd.origin_cluster, cmd.incarnation, cmd.origin_cseq, cmd.epoch, o)
         )
 
+    swap = swapping(state, cmd)
+    if swap:
+        take_dr_role(state, cmd.origin_cluster)  # the new primary's stream starts here
     refusal = admit(state, cmd.origin_cluster, cmd.incarnation, cmd.origin_cseq, cmd.epoch)
     if refusal is not None:
         outcome(refusal)
@@ -79,6 +83,10 @@ def replicated(state: SiteState, cmd: Replicated, sender: Sender | None, eff: Ef
             eff.append(verify(state, cmd.origin_cluster, cmd.origin_cseq, mode, inner))
             continue
         if isinstance(inner, Switchover):
+            if inner.phase == SwitchoverPhase.SWAP:
+                if swap:  # else not addressed to this site's handover: nothing
+                    swap_in(state, cmd.origin_cluster, mode, inner, eff)
+                continue
             handover(state, cmd.origin_cluster, cmd.epoch, inner, eff)
             continue
         handler = _REMOTE.get(type(inner))

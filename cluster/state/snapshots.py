@@ -41,6 +41,8 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
                                                site; from version 6)
                   | u32 n | n x failback queue str16  (the queues that wait
                                                for it; from version 7)
+                  | handover_cseq u64 | swapped u8  (a handover sent, and the
+                                               roles swapped; from version 8)
     origin     := name str16 | incarnation u64 | epoch u32 | promoted u8
                   | promoted_time_us u64 | last_time_us u64 | last_cseq u64
                   | refused_incarnation u64 | u32 n | n x (incarnation u64 | cseq u64)
@@ -118,9 +120,10 @@ MAGIC = b"DRGS"
 # (flag 8; versions 2 and 3 read as messages without it).  5: a planned
 # switchover under way (earlier versions read as none).  6: a failback
 # waiting for its DR site (earlier versions read as none).  7: the queues
-# that failback waits on (version 6 read as its guarded queues).
-SNAPSHOT_VERSION = 7
-_READABLE_VERSIONS = (2, 3, 4, 5, 6, SNAPSHOT_VERSION)
+# that failback waits on (version 6 read as its guarded queues).  8: the
+# handover's cseq and the sites' roles swapped (earlier versions: neither).
+SNAPSHOT_VERSION = 8
+_READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, SNAPSHOT_VERSION)
 
 _HEAD = struct.Struct(">4sHH")
 _U8 = struct.Struct(">B")
@@ -368,6 +371,7 @@ def _snapshot(
     out.append(_U32.pack(len(state.failback_queues)))
     for name in state.failback_queues:
         _str16(out, name)
+    out.append(_U64.pack(state.handover_cseq) + _U8.pack(int(state.swapped)))
     try:
         return b"".join(out)
     except TypeError as exc:  # pragma: no cover - a body that is not bytes
@@ -677,6 +681,9 @@ def _restore(r: _Reader, bodies: SiteState | None) -> SiteState:
         st.failback_queues = {r.str16(): None for _ in range(r.u32())}
     elif st.failback_cseq:
         st.failback_queues = dict(st.guarded)  # version 6 waited on the guarded queues
+    if version >= 8:
+        st.handover_cseq = r.u64()
+        st.swapped = r.flag("the roles swapped")
     if r.off != len(data):
         raise RemoteProtocolError(f"snapshot has {len(data) - r.off} trailing bytes")
     for q in st.queues.values():

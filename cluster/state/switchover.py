@@ -33,6 +33,19 @@ egress announces D's acknowledgment of the failback's point
 (a switchover started meanwhile is aborted first, by an ``ABORT`` of its
 own).
 
+**The roles swap in place.**  From its ``HANDOVER`` on, P's guarded
+queues are frozen (``handover_cseq``: a settlement there could never reach
+D, which is promoted at that point), so D at the handover holds exactly
+P's replicated state.  Applying the handover, D becomes the primary:
+``swapped`` flips, and its sidecars, if their configs can link the other
+way, tap its stream from there on.  Their first event carries a ``SWAP``
+naming each queue D replicates, with its mode and D's highest position in
+it; at P (:func:`swap_in`) it turns those queues into replicas of D, ends
+the supersession and the switchover, and flips ``swapped``: P is D's DR
+site from that point of D's stream, without a resync.  A second switchover,
+from D, swaps them back the same way.  An ``AcceptPrimary`` at D (``drgate
+failback``) ends D's role as the primary it took by the handover.
+
 Pure functions of the state, like the rest of :mod:`cluster.state`."""
 
 from __future__ import annotations
@@ -41,10 +54,13 @@ import time
 
 from cluster.state.effects import Effects, Promoted, Sender
 from cluster.state.merge import origin_record
-from cluster.state.model import SiteState
-from protocol.cluster import Switchover, SwitchoverPhase
+from cluster.state.model import Replica, SiteState
+from cluster.state.queues import forget_hold
+from protocol.cluster import Replicated, Switchover, SwitchoverPhase
+from protocol.modes import Mode
 
 __all__ = [
+    "awaiting_swap",
     "closed_to_publishes",
     "end",
     "failback",
@@ -53,6 +69,8 @@ __all__ = [
     "failing_back",
     "guard_text",
     "handover",
+    "swap_in",
+    "swapping",
     "switching",
     "switchover",
 ]
@@ -81,13 +99,24 @@ def switchover(state: SiteState, cmd: Switchover, sender: Sender | None, eff: Ef
             state.guarded, state.failback_queues = {}, {}
         else:
             state.count("ignored")
-    # HANDOVER: nothing here; the taps forward it to D.
+    elif cmd.phase == SwitchoverPhase.HANDOVER:
+        # The taps forward it to D; the guarded queues are frozen from here.
+        if state.switchover_to == cmd.to_cluster and not state.handover_cseq:
+            state.handover_cseq = state.cseq
+        else:
+            state.count("ignored")
 
 
 def end(state: SiteState) -> None:
     """The switchover is over (aborted, or the site was superseded)."""
     state.switchover_to = ""
     state.switchover_time_us = 0
+    state.handover_cseq = 0
+
+
+def frozen(state: SiteState, queue: str) -> bool:
+    """Is ``queue`` frozen by a handover this site sent (no settlement)?"""
+    return bool(state.handover_cseq) and queue in state.guarded
 
 
 def handed_over(state: SiteState) -> bool:
@@ -173,4 +202,66 @@ def handover(state: SiteState, origin: str, epoch: int, cmd: Switchover, eff: Ef
     o.promoted = True
     o.promoted_time_us = cmd.time_us
     state.handovers[origin] = None
+    state.swapped = not state.swapped  # the primary now, whatever it was configured as
     eff.append(Promoted(origin, o.epoch))
+
+
+def awaiting_swap(state: SiteState, peer: str) -> bool:
+    """Did this site hand over to ``peer``, whose stream it takes from the
+    ``SWAP`` that starts it (whatever it knew of ``peer`` before)?"""
+    return bool(state.handover_cseq) and state.switchover_to == peer
+
+
+def swapping(state: SiteState, cmd: Replicated) -> bool:
+    """Is ``cmd`` the first event of the site this one handed over to, as
+    the primary (a ``SWAP`` naming this site)?"""
+    if not awaiting_swap(state, cmd.origin_cluster):
+        return False
+    return any(
+        isinstance(c, Switchover)
+        and c.phase == SwitchoverPhase.SWAP
+        and c.to_cluster == state.cluster
+        for c in cmd.commands
+    )
+
+
+def take_dr_role(state: SiteState, origin: str) -> None:
+    """Before ``origin``'s ``SWAP`` is admitted: this site becomes its DR
+    site.  What it knew of ``origin``'s stream (a promotion over it, epochs,
+    what it applied) is forgotten, so the new primary's stream is accepted
+    from this event, at its incarnation and epoch; the handover and the
+    supersession end, and the roles flip."""
+    o = origin_record(state, origin)
+    o.promoted = False
+    o.promoted_time_us = 0
+    o.epoch = 0
+    o.incarnation = 0
+    o.applied = {}
+    state.handovers.pop(origin, None)
+    state.staged.pop(origin, None)
+    state.superseded_by = ""
+    state.superseded_time_us = 0
+    state.guarded, state.failback_queues, state.failback_cseq = {}, {}, 0
+    end(state)
+    state.swapped = not state.swapped
+
+
+def swap_in(state: SiteState, origin: str, mode: Mode, cmd: Switchover, eff: Effects) -> None:
+    """In ``origin``'s ``SWAP`` (after :func:`take_dr_role`): each queue it
+    names becomes a replica of ``origin`` in ``mode``, as received up to the
+    position it gives.  What this site's consumers held of a ``full`` one
+    is let go (its settlements must come from the primary now)."""
+    for name, high in cmd.guarded.items():
+        q = state.queues.get(name)
+        if q is None or not isinstance(high, int):
+            state.count("replicated_missing_queue")
+            continue
+        if q.replica is not None and q.replica.origin not in (origin, state.cluster):
+            state.count("r6_conflicts")  # a replica of a third site: left as it is
+            continue
+        q.replica = Replica(origin, mode, high)
+        if mode == Mode.FULL:
+            for pos, (sid, _consumer) in list(q.acquired.items()):
+                forget_hold(state, sid, name, pos)
+                del q.acquired[pos]
+            q.rebuild_available()

@@ -91,17 +91,20 @@ def test_an_empty_announcement_elides_nothing() -> None:
 
 def test_a_version_2_snapshot_still_restores_and_cannot_elide() -> None:
     recovered, site = journal_and_site()
-    assert SNAPSHOT_VERSION == 7
-    # Version 2 is version 7 without the recoveries' count, the switchover,
-    # the failback and its queues (30 bytes at the end: none here) and
-    # without messages' broker state (none here either); version 5 without
-    # the failback and its queues (12).
-    v7 = snapshot(site)
-    v2 = v7[:4] + (2).to_bytes(2, "big") + v7[6:-30]
-    assert snapshot(restore_untrusted(v2)) == v7
-    v5 = v7[:4] + (5).to_bytes(2, "big") + v7[6:-12]
-    assert snapshot(restore_untrusted(v5)) == v7
+    assert SNAPSHOT_VERSION == 8
+    # Version 2 is version 8 without the recoveries' count, the switchover,
+    # the failback and its queues, the handover and the swap (39 bytes at
+    # the end: none here) and without messages' broker state (none here
+    # either); version 5 without the failback and its queues, the handover
+    # and the swap (21); version 7 without the handover and the swap (9).
+    v8 = snapshot(site)
+    v2 = v8[:4] + (2).to_bytes(2, "big") + v8[6:-39]
+    assert snapshot(restore_untrusted(v2)) == v8
+    v5 = v8[:4] + (5).to_bytes(2, "big") + v8[6:-21]
+    assert snapshot(restore_untrusted(v5)) == v8
+    v7 = v8[:4] + (7).to_bytes(2, "big") + v8[6:-9]
+    assert snapshot(restore_untrusted(v7)) == v8
     delta = delta_snapshot(site, held_ranges(recovered)).data
-    delta_v2 = delta[:4] + (2).to_bytes(2, "big") + delta[6:-22]
+    delta_v2 = delta[:4] + (2).to_bytes(2, "big") + delta[6:-31]
     with pytest.raises(RemoteProtocolError, match="message flags"):
         restore_untrusted(delta_v2, bodies=recovered)

@@ -331,25 +331,29 @@ def test_snapshot_keeps_the_whole_site_recoveries() -> None:
 
 def test_a_snapshot_of_version_2_restores_as_a_site_without_recoveries() -> None:
     s = busy_state()
-    v7 = snapshot(s)
-    # Version 7 ends with the recoveries (none), the switchover (none: an
+    v8 = snapshot(s)
+    # Version 8 ends with the recoveries (none), the switchover (none: an
     # empty name, time 0, no handovers), the failback (cseq 0) and its queues
-    # (none); version 6 without those queues, 5 without the failback, 4
+    # (none), the handover (cseq 0) and the swap (0); version 7 without the
+    # last two, 6 without the failback's queues, 5 without the failback, 4
     # without the switchover, 2 without the recoveries too.
-    assert v7[4:6] == b"\x00\x07" and v7.endswith(b"\x00" * 30)
-    v6 = v7[:4] + b"\x00\x06" + v7[6:-4]
-    v5 = v7[:4] + b"\x00\x05" + v7[6:-12]
-    v4 = v7[:4] + b"\x00\x04" + v7[6:-26]
-    v2 = v7[:4] + b"\x00\x02" + v7[6:-30]
+    assert v8[4:6] == b"\x00\x08" and v8.endswith(b"\x00" * 39)
+    v7 = v8[:4] + b"\x00\x07" + v8[6:-9]
+    v6 = v8[:4] + b"\x00\x06" + v8[6:-13]
+    v5 = v8[:4] + b"\x00\x05" + v8[6:-21]
+    v4 = v8[:4] + b"\x00\x04" + v8[6:-35]
+    v2 = v8[:4] + b"\x00\x02" + v8[6:-39]
     r = restore_untrusted(v2)
     assert r.recoveries == []
-    assert snapshot(r) == v7
+    assert snapshot(r) == v8
     r = restore_untrusted(v4)
-    assert r.switchover_to == "" and snapshot(r) == v7
+    assert r.switchover_to == "" and snapshot(r) == v8
     r = restore_untrusted(v5)
-    assert r.failback_cseq == 0 and snapshot(r) == v7
+    assert r.failback_cseq == 0 and snapshot(r) == v8
     r = restore_untrusted(v6)
-    assert r.failback_queues == {} and snapshot(r) == v7
+    assert r.failback_queues == {} and snapshot(r) == v8
+    r = restore_untrusted(v7)
+    assert (r.handover_cseq, r.swapped) == (0, False) and snapshot(r) == v8
     # A version 3 snapshot: a redelivered message (flag 1) has a count of 1.
     r = restore_untrusted(v5[:4] + b"\x00\x03" + v5[6:-14])
     assert [m.delivery_count for m in messages(r, "local")] == [1, 0, 0, 0, 0]

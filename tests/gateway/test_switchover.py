@@ -221,9 +221,9 @@ def test_a_failback_waiting_for_d_survives_a_snapshot() -> None:
     assert restored.guarded == GUARDED == restored.failback_queues
     assert st.digest(restored) == st.digest(sites.p.state)
     # Version 6 had no list of its own: its failback waited on the guarded queues.
-    v7 = st.snapshot(sites.p.state)
-    tail = 4 + sum(2 + len(q) for q in GUARDED)
-    v6 = v7[:4] + b"\x00\x06" + v7[6:-tail]
+    v8 = st.snapshot(sites.p.state)
+    tail = 9 + 4 + sum(2 + len(q) for q in GUARDED)  # the swap, the failback's queues
+    v6 = v8[:4] + b"\x00\x06" + v8[6:-tail]
     assert st.restore_untrusted(v6).failback_queues == GUARDED
 
 
