@@ -40,6 +40,7 @@ import trio
 
 from cluster.bus import MemberId
 from cluster.member import SiteMember
+from cluster.state.switchover import awaiting_swap
 from cluster.state.views import applied
 from cluster.tls import peer_name_refusal, tls_failure_text
 from gateway import resync as rs
@@ -185,10 +186,6 @@ class Ingress:
     def answer_hello(self, receiver: link.LinkReceiver, hello: link.Hello) -> tuple[bytes, bool]:
         """The answer to a HELLO, and whether it accepts the link."""
         site = self.config.site
-        not_active = self.not_active()
-        if not_active is not None:
-            code = int(link.LinkErrorCode.NOT_ACTIVE)
-            return receiver.refuse(code, not_active, retriable=True), False
         if hello.target_cluster != site or hello.origin_cluster != self.config.peer_cluster:
             text = (
                 f"this is {site}, expecting a stream from {self.config.peer_cluster}; "
@@ -196,12 +193,25 @@ class Ingress:
             )
             code = int(link.LinkErrorCode.WRONG_CLUSTER)
             return receiver.refuse(code, text, retriable=False), False
+        # Refusals for good first: every sidecar of the site holds the same
+        # state, and a site that took the primary's role by a handover
+        # (its sidecars egress and standbys now) must tell the old primary.
         fenced = self.fence_reason(hello)
         if fenced is not None:
             code, text = fenced
             self.status.last_error = f"ingress: refused {hello.origin_cluster}: {text}"
             return receiver.refuse(code, text, retriable=False), False
-        resume = applied(self.member.state, hello.origin_cluster, hello.incarnation)
+        not_active = self.not_active()
+        if not_active is not None:
+            code = int(link.LinkErrorCode.NOT_ACTIVE)
+            return receiver.refuse(code, not_active, retriable=True), False
+        state = self.member.state
+        if awaiting_swap(state, hello.origin_cluster):
+            # The site this one handed over to: its stream starts with the
+            # SWAP that makes this site its DR site, whatever came before.
+            resume = hello.resume_point
+        else:
+            resume = applied(state, hello.origin_cluster, hello.incarnation)
         self.status.state = "up"
         self.status.peer = hello.origin_cluster
         log.info("ingress: link up from %s, resuming after %d", hello.origin_cluster, resume)

@@ -20,6 +20,7 @@ import trio
 from cluster.bus import MemberId
 from cluster.membership import Membership
 from cluster.state.model import SiteState
+from cluster.state.switchover import handed_over
 from protocol.modes import Role
 
 
@@ -53,6 +54,17 @@ def active_sidecar(state: SiteState, membership: Membership | None) -> MemberId 
         if role == Role.SIDECAR and MemberId(node, pid) in membership.members:
             return MemberId(node, pid)
     return None
+
+
+def runs_as_primary(state: SiteState, *, configured: bool, reversible: bool) -> bool:
+    """Does a site run as the primary now?  Its sidecars' ``configured``
+    role, unless their configs are ``reversible`` (they link both ways) and
+    a planned switchover swapped the sites' roles: then the opposite, and a
+    site that handed over waits as the DR site for its new primary's
+    ``SWAP`` (cluster/state/switchover.py)."""
+    if not reversible:
+        return configured
+    return configured != state.swapped and not handed_over(state)
 
 
 def role_of(

@@ -15,6 +15,15 @@ multicasts nothing on the data path.  This module only composes the parts:
 * which sidecar is active follows from the stream alone (:mod:`gateway.roles`).
 
 A sidecar in a non-quorate view does nothing: no egress, no ingress.
+
+A sidecar whose config links both ways (``peers`` and ``listen``: it is
+*reversible*) has both an egress and an ingress, and which one works
+follows the site's role now (:attr:`Sidecar.primary`): a planned
+switchover swaps the sites' roles in place (cluster/state/switchover.py).
+At the handover's cseq the new primary's sidecars start a new spool with
+their ``SWAP`` event (:meth:`Tap.swap_event`) and tap from there; the old
+primary's stop tapping once their site handed over, and take the new
+primary's stream from its ``SWAP``.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ from gateway.ingress import Ingress
 from gateway.linkconfig import DEFAULT_LINK_SETTINGS, LinkSettings
 from gateway.linkconnect import open_link
 from gateway.peerswatch import PeersWatcher
-from gateway.roles import RoleSignal, SidecarRole, active_sidecar, role_of
+from gateway.roles import RoleSignal, SidecarRole, active_sidecar, role_of, runs_as_primary
 from gateway.ruleswatch import POLL_S as RULES_POLL_S
 from gateway.ruleswatch import RulesWatcher
 from gateway.spool import DEFAULT_SEGMENT_BYTES, Spool
@@ -93,6 +102,12 @@ class SidecarConfig:
     source: str = ""
 
     @property
+    def reversible(self) -> bool:
+        """Can this sidecar link both ways (``peers`` and ``listen``), so its
+        site can swap roles with the other at a planned switchover?"""
+        return bool(self.peers) and self.listen is not None
+
+    @property
     def pinned_names(self) -> tuple[str, ...]:
         """The names pinned for the link's peer certificate."""
         return self.peer_names or (self.peer_cluster,)
@@ -117,7 +132,11 @@ class Sidecar(NullObserver):
         )
         self.tap = Tap(config.rules, origin_cluster=config.site)
         self.rules_watch = RulesWatcher(config.rules.path)
-        self.peers_watch = PeersWatcher(config) if config.primary and config.source else None
+        self.peers_watch = (
+            PeersWatcher(config)
+            if (config.primary or config.reversible) and config.source
+            else None
+        )
         self.spool: Spool | None = None
         self.roles = RoleSignal()
         self.verifications = Verifications()  # D: the last comparison of each replica
@@ -129,6 +148,7 @@ class Sidecar(NullObserver):
         # MemberReady comes back (_step_back).  Once per disk outage.
         self._stepping_back = False
         self._stepped_back_in_outage = False
+        self._was_primary = config.primary  # the role the spool and the tap run for
         self.capture: CaptureSink | None = None
         if config.capture is not None:
             self.capture = CaptureSink(
@@ -140,7 +160,7 @@ class Sidecar(NullObserver):
             )
         self.egress: Egress | None = None
         self.ingress: Ingress | None = None
-        if config.primary:
+        if config.primary or config.reversible:
             self.egress = Egress(
                 config,
                 self.member,
@@ -151,7 +171,7 @@ class Sidecar(NullObserver):
                 connect=connect or self._connect,
                 capture=self.capture,
             )
-        else:
+        if not config.primary or config.reversible:
             self.ingress = Ingress(
                 config,
                 self.member,
@@ -174,11 +194,24 @@ class Sidecar(NullObserver):
     # Roles
     # ------------------------------------------------------------------
 
+    @property
+    def primary(self) -> bool:
+        """Does this sidecar's site run as the primary now (:func:`runs_as_primary`)?"""
+        config = self.config
+        return runs_as_primary(
+            self.member.state, configured=config.primary, reversible=config.reversible
+        )
+
+    @property
+    def link_side(self) -> Egress | Ingress:
+        """The half of the link this sidecar's site runs now."""
+        side = self.egress if self.primary else self.ingress
+        assert side is not None
+        return side
+
     def current_role(self) -> SidecarRole:
         m = self.member
-        role = role_of(
-            m.me, m.state, m.membership, ready=m.ready.is_set(), primary=self.config.primary
-        )
+        role = role_of(m.me, m.state, m.membership, ready=m.ready.is_set(), primary=self.primary)
         if role == SidecarRole.EGRESS and self._stepping_back:
             return SidecarRole.STANDBY
         return role
@@ -205,7 +238,12 @@ class Sidecar(NullObserver):
             self._roles_may_have_changed()
         if isinstance(cmd, pc.Durable):
             self._durable_advanced()  # held acks (D), or events held back (P), may go
-        if not self.config.primary:
+        if self.primary != self._was_primary:
+            if self.member.ready.is_set():
+                self._swap_roles()
+            else:  # joining: serve() opens the spool for the role it finds
+                self._was_primary = self.primary
+        if not self._was_primary:
             if self.state.incarnation == 0:
                 # Not the site's state yet: its brokers' recovery will replace
                 # it (a start over applies what it buffered to an empty
@@ -242,6 +280,46 @@ class Sidecar(NullObserver):
             self.capture.tapped(cmd, effects, event, self.state.cseq, self.tap.rules)
         if event is not None:
             self._events.append(event)
+
+    def _swap_roles(self) -> None:
+        """The site's role flipped at this command (a planned switchover,
+        only for a reversible config).  Becoming the primary (the handover
+        applied here): a new spool, whose first event is the ``SWAP`` that
+        makes the other site its DR site.  Becoming the DR site (it handed
+        over): the spool is done with, and nothing is tapped."""
+        primary = self._was_primary = self.primary
+        self._discard_spool()
+        if primary:
+            state = self.state
+            self.spool = self._open_spool(start_after=state.cseq - 1)
+            event = self.tap.swap_event(state, self.config.peer_cluster, int(time.time() * 1e6))
+            self._events.append(event)
+            log.info(
+                "sidecar: %s is the primary from cseq %d (a planned switchover); %s becomes "
+                "its DR site at this point of its stream",
+                self.config.site,
+                state.cseq,
+                self.config.peer_cluster,
+            )
+        else:
+            log.info(
+                "sidecar: %s handed over to %s at cseq %d; it takes %s's stream from its SWAP",
+                self.config.site,
+                self.config.peer_cluster,
+                self.state.cseq,
+                self.config.peer_cluster,
+            )
+        self._roles_may_have_changed()
+
+    def _discard_spool(self) -> None:
+        """Close the spool and delete its files (events nobody will ask for)."""
+        if self.spool is not None:
+            self.spool.close()
+            self.spool = None
+            for path in Path(self.config.spool_dir).iterdir():
+                if path.is_file():
+                    path.unlink()
+        self._events.clear()
 
     def _tap_failed(self, cmd: pc.Command, exc: Exception) -> None:
         """The tap could not forward ``cmd``: the sidecar goes on, and the
@@ -306,14 +384,7 @@ class Sidecar(NullObserver):
         """The state is stale: the spool holds events numbered by the
         minority's stream, which mean nothing to the site any more.  It
         reopens empty after the snapshot."""
-        if self.spool is not None:
-            directory = Path(self.config.spool_dir)
-            self.spool.close()
-            self.spool = None
-            for path in directory.iterdir():
-                if path.is_file():
-                    path.unlink()
-        self._events.clear()
+        self._discard_spool()
         self._roles_may_have_changed()
 
     def _durable_advanced(self) -> None:
@@ -330,6 +401,7 @@ class Sidecar(NullObserver):
             return  # the first join: serve() opens the spool
         self.tap.resync_rules(self.state)
         self.spool = self._open_spool()
+        self._was_primary = self.primary
         self._roles_may_have_changed()
 
     def view_seen(self, view: ViewChange) -> None:
@@ -372,11 +444,12 @@ class Sidecar(NullObserver):
             )
             self.egress.request_resync()
 
-    def _open_spool(self) -> Spool:
-        """The spool, holding every event above the current cseq (the join
-        point: what it held below is kept, what lies between is a resync for
-        D); one of another incarnation, or holding events of a history a
-        whole-site recovery did not continue, is set aside."""
+    def _open_spool(self, *, start_after: int | None = None) -> Spool:
+        """The spool, holding every event above ``start_after`` (default: the
+        current cseq, the join point: what it held below is kept, what lies
+        between is a resync for D); one of another incarnation, or holding
+        events of a history a whole-site recovery did not continue, is set
+        aside."""
         spool = Spool.open(
             self.config.spool_dir,
             max_bytes=self.config.spool_max_bytes,
@@ -384,7 +457,7 @@ class Sidecar(NullObserver):
             segment_bytes=min(DEFAULT_SEGMENT_BYTES, self.config.spool_max_bytes // 8),
             fsync=self.config.fsync,
             incarnation=self.state.incarnation,
-            start_after=self.state.cseq,
+            start_after=self.state.cseq if start_after is None else start_after,
             recoveries=[r.cseq for r in self.state.recoveries],
         )
         self._resync_after_recoveries(spool)
@@ -409,6 +482,7 @@ class Sidecar(NullObserver):
             if self.spool is None:
                 self.tap.resync_rules(self.state)
                 self.spool = self._open_spool()
+            self._was_primary = self.primary
             if self.egress is not None:
                 nursery.start_soon(self.egress.serve)
                 nursery.start_soon(self._watch_rules)
@@ -419,8 +493,8 @@ class Sidecar(NullObserver):
                         self.config.link.verify_s,
                         lambda: self.current_role() == SidecarRole.EGRESS,
                     )
-            else:
-                assert self.ingress is not None and self.config.listen is not None
+            if self.ingress is not None:
+                assert self.config.listen is not None
                 listen = self.config.listen
                 await nursery.start(self.ingress.serve, listen.host, listen.port)
             if self.config.tls is None:

@@ -358,8 +358,7 @@ def sidecar_snapshot(sidecar: Sidecar) -> SidecarStatistics:
     """``sidecar``'s snapshot, which metrics and ``/status`` read (gateway/metrics.py)."""
     membership = sidecar.member.membership
     role = sidecar.current_role()
-    link_side = sidecar.egress or sidecar.ingress
-    assert link_side is not None
+    link_side = sidecar.link_side
     resync = link_side.status.resync
     return sidecar_statistics(
         site=sidecar.config.site,
@@ -394,10 +393,10 @@ def sidecar_snapshot(sidecar: Sidecar) -> SidecarStatistics:
             messages=resync.messages,
             chunks_done=resync.chunks_done,
         ),
-        tap=sidecar.tap.statistics() if sidecar.egress is not None else None,
+        tap=sidecar.tap.statistics() if sidecar.primary else None,
         spool=None if sidecar.spool is None else sidecar.spool.statistics(),
         dr=None
-        if sidecar.ingress is None
+        if sidecar.primary
         else dr_section(
             sidecar.state,
             peer_cluster=sidecar.config.peer_cluster,

@@ -367,11 +367,16 @@ class TwoSites(Started):
         tls: bool = True,
         durable: bool = False,
         verify_s: int | None = None,
+        reversible: bool = False,
     ) -> None:
         """``tls``: the link runs mutual TLS with certificates made in
         WORKDIR/tls (lab/certs.py), as a production pair would; False runs it
         with ``insecure: true``.  ``verify_s``: the sites compare their copies
-        this often (the sidecars' ``link.verify_s``; None: its default)."""
+        this often (the sidecars' ``link.verify_s``; None: its default).
+        ``reversible``: every sidecar's config links both ways (P's sidecars
+        listen too, D's list them as ``peers``, directly, not through the
+        emulators), so a planned switchover swaps the sites' roles in place."""
+        self.reversible = reversible
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="twosites-"))
         self.tls = tls
         self._certs: dict[str, SiteCert] = {}
@@ -417,6 +422,7 @@ class TwoSites(Started):
         # Ports are chosen by the processes themselves (port 0) and read from
         # what they print: a port picked here could be taken before use.
         self.d_listen: dict[int, int] = {}
+        self.p_listen: dict[int, int] = {}  # reversible: P's link ports, D's peers
         self.wan_listen: dict[int, int] = {}
         self.wan_control: dict[int, int] = {}
         self.metrics_port: dict[tuple[str, int], int] = {}
@@ -537,6 +543,17 @@ class TwoSites(Started):
         else:
             port = self.d_listen.get(n, 0)  # a restarted sidecar keeps its port
             lines.append(f"listen: {self.node_address(site, n)}:{port}")
+        if self.reversible:
+            # D's sidecars start first: P's ports are chosen here for both.
+            for m in self.nodes:
+                self.p_listen.setdefault(m, free_port())
+            if primary:
+                lines.append(f"listen: {self.node_address(site, n)}:{self.p_listen[n]}")
+            else:
+                lines.append("peers:")
+                lines += [
+                    f"  - {self.node_address(self.p, m)}:{self.p_listen[m]}" for m in self.nodes
+                ]
         lines += self._link_security(site)
         if self.verify_s is not None:
             lines.append(f"link:\n  verify_s: {self.verify_s}")

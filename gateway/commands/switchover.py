@@ -17,7 +17,12 @@ member (like ``drgate verify``) and, printing each step with its time:
    stream, after everything before it, and is promoted over P there (its
    ``full`` replicas writable).  D then refuses P's stream, and P's egress
    records the handover (``Superseded``; the queues stay closed and the
-   egress stops dialling D).  The command waits for that and prints it.
+   egress stops dialling D).  The command waits for that and prints it;
+4. *swap* (sidecar configs that link both ways, ``peers`` and ``listen``):
+   D's sidecars, the primary's now, send their first event, a ``SWAP``,
+   which makes P D's DR site at that point of D's stream without a resync
+   (cluster/state/switchover.py).  The command waits for it and prints D's
+   cseq there.  A second switchover, run at D, swaps the sites back.
 
 A timeout (``--timeout``) or an interrupt during the quiesce or the drain
 aborts: ``Switchover(ABORT)`` opens the queues again and P stays the
@@ -44,6 +49,7 @@ from gateway.config import load_sidecar_config
 from gateway.content import MESSAGE_MODES
 from gateway.netns import enter_bus_netns
 from gateway.resync import AdminMember, open_admin_member
+from gateway.roles import runs_as_primary
 from gateway.supersession import replicated_queues
 from gateway.tap import Tap
 from protocol import cluster as pc
@@ -76,7 +82,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_sidecar_config(args.config)
-    if not config.primary:
+    if not config.primary and not config.reversible:
         raise DrgateError(
             f"{args.config} is a DR sidecar's config ({config.site}): run drgate switchover "
             "at the primary, with one of its sidecars' configs"
@@ -114,6 +120,7 @@ async def _switchover(config: SidecarConfig, limit_s: float, steps: Steps) -> di
     async with open_admin_member(config.site, config.bus) as member:
         state = member.state
         _check_can_start(config, state)
+        was_swapped = state.swapped
         guarded = _guarded(config, state)
         quiesce = pc.Switchover(to, pc.SwitchoverPhase.QUIESCE, _now_us(), guarded)
         acked_before = _acked(member, config.site)
@@ -159,15 +166,40 @@ async def _switchover(config: SidecarConfig, limit_s: float, steps: Steps) -> di
                 f"dr.origins.{config.site}.promoted) before anything else",
             )
             return {**result, "switched": False}
+        if not config.reversible:
+            steps.say(
+                "done",
+                f"{to} is the primary; {config.site} handed over and sends it nothing. "
+                f"Publishes were refused for {window_s:.3f} s; move the clients to {to}",
+            )
+            return {**result, "switched": True}
+        steps.say("swap", f"waiting for {to}'s first event as the primary")
+        swapped = await _wait(lambda: member.state.swapped != was_swapped, limit_s)
+        if not swapped:
+            steps.say(
+                "swap",
+                f"{to} is the primary, but its stream has not reached {config.site} within "
+                f"{limit_s:.0f} s; {config.site} takes it from {to}'s first event as soon as "
+                f"{to}'s egress connects (drgate status at {to}: link)",
+            )
+            return {**result, "switched": True, "swapped": False}
+        origin = member.state.origins[to]
+        swap_cseq = origin.applied.get(origin.incarnation, 0)
         steps.say(
             "done",
-            f"{to} is the primary; {config.site} handed over and sends it nothing. "
-            f"Publishes were refused for {window_s:.3f} s; move the clients to {to}",
+            f"{to} is the primary and {config.site} its DR site from {to}'s cseq {swap_cseq} "
+            f"(nothing shipped, no resync). Publishes were refused for {window_s:.3f} s; move "
+            f"the clients to {to}. To swap back: drgate switchover at {to}",
         )
-        return {**result, "switched": True}
+        return {**result, "switched": True, "swapped": True, "swap_cseq": swap_cseq}
 
 
 def _check_can_start(config: SidecarConfig, state: SiteState) -> None:
+    if not runs_as_primary(state, configured=config.primary, reversible=config.reversible):
+        raise DrgateError(
+            f"{config.site} is {config.peer_cluster}'s DR site now (a switchover swapped "
+            f"the sites): run drgate switchover at {config.peer_cluster}"
+        )
     if state.superseded_by:
         raise DrgateError(
             f"{config.site} is not the primary: {state.superseded_by} took over "
