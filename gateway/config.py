@@ -33,7 +33,7 @@ from filters.yamldoc import (
 )
 from gateway.capture import load_capture
 from gateway.linkconfig import LinkSettings, load_link_settings
-from gateway.sidecar import SidecarConfig
+from gateway.sidecarconfig import SidecarConfig
 from gateway.webconfig import load_web_config
 from protocol.errors import ConfigError, Location, Problem, RulesError
 

@@ -58,7 +58,7 @@ from protocol import link
 from protocol.errors import DrgateError, LinkError, RemoteProtocolError
 
 if TYPE_CHECKING:
-    from gateway.sidecar import SidecarConfig
+    from gateway.sidecarconfig import SidecarConfig
 
 log = logging.getLogger("drgate.sidecar")
 

@@ -29,7 +29,7 @@ from protocol.errors import ConfigError
 
 if TYPE_CHECKING:  # the sidecar imports this module
     from cluster.addresses import Address
-    from gateway.sidecar import SidecarConfig
+    from gateway.sidecarconfig import SidecarConfig
 
 log = logging.getLogger("drgate.peers")
 

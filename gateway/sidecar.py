@@ -31,29 +31,27 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import trio
 
 from cluster.addresses import Address
-from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
+from cluster.bus import MemberId, ViewChange, open_bus
 from cluster.member import BusOpener, NullObserver, SiteMember
 from cluster.state.effects import Effect
 from cluster.state.model import SiteState
-from cluster.tls import TlsFiles, server_context
-from cluster.webconfig import WebConfig
-from filters.matcher import RuleSet
-from gateway.capture import CaptureConfig, CaptureSink, Ingested, capture_role
+from cluster.state.switchover import awaiting_swap
+from cluster.tls import server_context
+from gateway.capture import CaptureSink, Ingested, capture_role
 from gateway.egress import Connector, Egress
 from gateway.ingress import Ingress
-from gateway.linkconfig import DEFAULT_LINK_SETTINGS, LinkSettings
 from gateway.linkconnect import open_link
 from gateway.peerswatch import PeersWatcher
 from gateway.roles import RoleSignal, SidecarRole, active_sidecar, role_of, runs_as_primary
 from gateway.ruleswatch import POLL_S as RULES_POLL_S
 from gateway.ruleswatch import RulesWatcher
-from gateway.spool import DEFAULT_SEGMENT_BYTES, Spool
+from gateway.sidecarconfig import SidecarConfig
+from gateway.sidecarspool import discard_spool, missed_recoveries, open_spool
+from gateway.spool import Spool
 from gateway.statistics import SidecarStatistics, sidecar_snapshot
 from gateway.tap import ReplEvent, Tap
 from gateway.verification import Verifications, post_verify_points
@@ -72,45 +70,6 @@ INSECURE_WARNING = (
     "messages cross the network in clear and the peer site is not authenticated; "
     "give tls: {cert, key, ca} to run it with mutual TLS"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class SidecarConfig:
-    site: str  # this site's cluster id
-    primary: bool  # True at P (tap + egress), False at D (ingress)
-    node: int
-    bus: BusConfig
-    peer_cluster: str  # the other site's cluster id
-    peers: tuple[Address, ...]  # the other site's sidecar link addresses, in order (P)
-    listen: Address | None  # link listen address (D)
-    spool_dir: str
-    spool_max_bytes: int
-    fsync: str
-    rules: RuleSet
-    tls: TlsFiles | None = None  # None: the link in plaintext (the config's insecure: true)
-    # The names the peer's link certificate may carry (tls.peer_names); empty: peer_cluster.
-    peer_names: tuple[str, ...] = ()
-    metrics: Address | None = None
-    metrics_web: WebConfig | None = None  # the endpoint's TLS and basic auth
-    capture: CaptureConfig | None = None
-    # P: which queues refuse publishes once D was promoted over this site
-    # (gateway.config.ZOMBIE_GUARDS): full, replicated or off.
-    zombie_guard: str = "full"
-    # The link's ack batching, window and heartbeat (the config's link: section).
-    link: LinkSettings = DEFAULT_LINK_SETTINGS
-    # The file it was loaded from ("" when built in code): P re-reads its peers.
-    source: str = ""
-
-    @property
-    def reversible(self) -> bool:
-        """Can this sidecar link both ways (``peers`` and ``listen``), so its
-        site can swap roles with the other at a planned switchover?"""
-        return bool(self.peers) and self.listen is not None
-
-    @property
-    def pinned_names(self) -> tuple[str, ...]:
-        """The names pinned for the link's peer certificate."""
-        return self.peer_names or (self.peer_cluster,)
 
 
 class Sidecar(NullObserver):
@@ -282,43 +241,44 @@ class Sidecar(NullObserver):
             self._events.append(event)
 
     def _swap_roles(self) -> None:
-        """The site's role flipped at this command (a planned switchover,
-        only for a reversible config).  Becoming the primary (the handover
-        applied here): a new spool, whose first event is the ``SWAP`` that
-        makes the other site its DR site.  Becoming the DR site (it handed
-        over): the spool is done with, and nothing is tapped."""
+        """The site's role flipped at this command (only for a reversible
+        config).  Becoming the primary by the other site's handover (applied
+        here): a new spool, whose first event is the ``SWAP`` that makes the
+        other site its DR site; by a failback (the handover undone): a new
+        spool from here, and D is resynced as after any failback.  Becoming
+        the DR site (it handed over, or a failback at D ended the role the
+        handover gave it): the spool is done with, nothing is tapped."""
         primary = self._was_primary = self.primary
         self._discard_spool()
-        if primary:
-            state = self.state
+        state, site, peer = self.state, self.config.site, self.config.peer_cluster
+        if not primary:
+            log.info(
+                "sidecar: %s is not the primary from cseq %d; it takes %s's stream from %s",
+                site,
+                state.cseq,
+                peer,
+                "its SWAP" if awaiting_swap(state, peer) else "its next link",
+            )
+        elif peer in state.handovers:
+            self.tap.resync_rules(state)
             self.spool = self._open_spool(start_after=state.cseq - 1)
-            event = self.tap.swap_event(state, self.config.peer_cluster, int(time.time() * 1e6))
-            self._events.append(event)
+            self._events.append(self.tap.swap_event(state, peer, int(time.time() * 1e6)))
             log.info(
                 "sidecar: %s is the primary from cseq %d (a planned switchover); %s becomes "
                 "its DR site at this point of its stream",
-                self.config.site,
+                site,
                 state.cseq,
-                self.config.peer_cluster,
+                peer,
             )
         else:
-            log.info(
-                "sidecar: %s handed over to %s at cseq %d; it takes %s's stream from its SWAP",
-                self.config.site,
-                self.config.peer_cluster,
-                self.state.cseq,
-                self.config.peer_cluster,
-            )
+            self.tap.resync_rules(state)
+            self.spool = self._open_spool()
+            log.info("sidecar: %s is the primary again from cseq %d", site, state.cseq)
         self._roles_may_have_changed()
 
     def _discard_spool(self) -> None:
-        """Close the spool and delete its files (events nobody will ask for)."""
-        if self.spool is not None:
-            self.spool.close()
-            self.spool = None
-            for path in Path(self.config.spool_dir).iterdir():
-                if path.is_file():
-                    path.unlink()
+        discard_spool(self.spool, self.config.spool_dir)
+        self.spool = None
         self._events.clear()
 
     def _tap_failed(self, cmd: pc.Command, exc: Exception) -> None:
@@ -424,17 +384,11 @@ class Sidecar(NullObserver):
             "quorate, so this sidecar neither forwards nor ingests until the partition heals"
         )
 
-    def _resync_after_recoveries(self, spool: Spool) -> None:
-        """A whole-site recovery that this sidecar's spool did not see dropped
-        transient state that D may hold, and the spool may resume D seamlessly
-        below the recovery point: resync D at a cut after it, whether or not
-        this sidecar took part in the recovery (docs/architecture.md,
-        "Durability").  A new spool saw every recovery before its join point."""
-        recoveries = self.state.recoveries
-        seen = spool.written_under
-        if seen is None:
-            seen = sum(1 for r in recoveries if r.cseq < self.state.cseq)
-        missed = [r for r in recoveries[seen:] if r.dropped]
+    def _open_spool(self, *, start_after: int | None = None) -> Spool:
+        """The spool (:func:`open_spool`); D is resynced past the whole-site
+        recoveries it did not see (:func:`missed_recoveries`)."""
+        spool = open_spool(self.config, self.state, start_after=start_after)
+        missed = missed_recoveries(spool, self.state)
         if missed and self.egress is not None:
             log.info(
                 "sidecar: whole-site recoveries %s (continued from cseqs %s) dropped transient "
@@ -443,24 +397,6 @@ class Sidecar(NullObserver):
                 [r.cseq for r in missed],
             )
             self.egress.request_resync()
-
-    def _open_spool(self, *, start_after: int | None = None) -> Spool:
-        """The spool, holding every event above ``start_after`` (default: the
-        current cseq, the join point: what it held below is kept, what lies
-        between is a resync for D); one of another incarnation, or holding
-        events of a history a whole-site recovery did not continue, is set
-        aside."""
-        spool = Spool.open(
-            self.config.spool_dir,
-            max_bytes=self.config.spool_max_bytes,
-            # A small spool gets small segments, so an overflow drops little.
-            segment_bytes=min(DEFAULT_SEGMENT_BYTES, self.config.spool_max_bytes // 8),
-            fsync=self.config.fsync,
-            incarnation=self.state.incarnation,
-            start_after=self.state.cseq if start_after is None else start_after,
-            recoveries=[r.cseq for r in self.state.recoveries],
-        )
-        self._resync_after_recoveries(spool)
         return spool
 
     # ------------------------------------------------------------------

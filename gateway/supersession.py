@@ -20,7 +20,7 @@ from protocol.modes import Mode
 from protocol.values import Value
 
 if TYPE_CHECKING:
-    from gateway.sidecar import SidecarConfig
+    from gateway.sidecarconfig import SidecarConfig
 
 log = logging.getLogger("gateway.egress")
 

@@ -374,8 +374,9 @@ class TwoSites(Started):
         with ``insecure: true``.  ``verify_s``: the sites compare their copies
         this often (the sidecars' ``link.verify_s``; None: its default).
         ``reversible``: every sidecar's config links both ways (P's sidecars
-        listen too, D's list them as ``peers``, directly, not through the
-        emulators), so a planned switchover swaps the sites' roles in place."""
+        listen too, D's list them as ``peers``, behind emulators of their
+        own, ``wan-back-N``), so a planned switchover swaps the sites' roles
+        in place; ``wan_all`` then acts on both directions."""
         self.reversible = reversible
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="twosites-"))
         self.tls = tls
@@ -422,7 +423,9 @@ class TwoSites(Started):
         # Ports are chosen by the processes themselves (port 0) and read from
         # what they print: a port picked here could be taken before use.
         self.d_listen: dict[int, int] = {}
-        self.p_listen: dict[int, int] = {}  # reversible: P's link ports, D's peers
+        self.p_listen: dict[int, int] = {}  # reversible: P's link ports
+        self.back_listen: dict[int, int] = {}  # reversible: the emulators D dials
+        self.back_control: dict[int, int] = {}
         self.wan_listen: dict[int, int] = {}
         self.wan_control: dict[int, int] = {}
         self.metrics_port: dict[tuple[str, int], int] = {}
@@ -443,6 +446,9 @@ class TwoSites(Started):
     def start(self) -> None:
         self.start_labs()
         self._start_brokers()
+        if self.reversible:
+            for n in self.nodes:
+                self.start_wan_back(n)
         # D's sidecars first (each binds its link port), then the emulators
         # in front of them, then P's sidecars, which need the emulators' ports.
         for n in self.nodes:
@@ -487,6 +493,23 @@ class TwoSites(Started):
         ports = re.findall(r"\('[^']*', (\d+)\)", line)
         self.wan_listen[n], self.wan_control[n] = int(ports[0]), int(ports[2])
 
+    def start_wan_back(self, n: int) -> None:
+        """Reversible: emulator n of the other direction, which D's sidecars
+        dial once D is the primary, to P sidecar n's link port (chosen now:
+        P's sidecars start after D's)."""
+        port = self.p_listen.setdefault(n, free_port())
+        argv = [
+            sys.executable, "-m", "lab.wan",
+            "--listen", f"{self.host['site-d']}:0",
+            "--target", f"{self.node_address(self.p, n)}:{port}",
+            "--control", "127.0.0.1:0",
+            "--delay-ms", str(self.delay_ms),
+        ]  # fmt: skip
+        proc = self.d._spawn(f"wan-back-{n}", argv)
+        line = proc.wait_line("wan.serving")
+        ports = re.findall(r"\('[^']*', (\d+)\)", line)
+        self.back_listen[n], self.back_control[n] = int(ports[0]), int(ports[2])
+
     def d_port(self, n: int) -> int:
         """D sidecar n's link port: the one it bound, or, when the emulator
         must start before that sidecar (a D site added later), one chosen now."""
@@ -499,11 +522,16 @@ class TwoSites(Started):
         the whole WAN between P and D."""
         for n in self.nodes:
             self.wan(n, line)
+            if n in self.back_control:
+                self._wan_send(self.back_control[n], line)
 
     def wan(self, n: int, line: str) -> str:
+        return self._wan_send(self.wan_control[n], line)
+
+    def _wan_send(self, control: int, line: str) -> str:
         argv = [
             sys.executable, "-m", "lab.wan",
-            "--control", f"127.0.0.1:{self.wan_control[n]}", "--send", line,
+            "--control", f"127.0.0.1:{control}", "--send", line,
         ]  # fmt: skip
         done = subprocess.run(
             argv, capture_output=True, text=True, timeout=30, cwd=ROOT, check=True
@@ -543,17 +571,12 @@ class TwoSites(Started):
         else:
             port = self.d_listen.get(n, 0)  # a restarted sidecar keeps its port
             lines.append(f"listen: {self.node_address(site, n)}:{port}")
-        if self.reversible:
-            # D's sidecars start first: P's ports are chosen here for both.
-            for m in self.nodes:
-                self.p_listen.setdefault(m, free_port())
+        if self.reversible:  # start_wan_back chose P's ports
             if primary:
                 lines.append(f"listen: {self.node_address(site, n)}:{self.p_listen[n]}")
             else:
                 lines.append("peers:")
-                lines += [
-                    f"  - {self.node_address(self.p, m)}:{self.p_listen[m]}" for m in self.nodes
-                ]
+                lines += [f"  - {self.host['site-d']}:{self.back_listen[m]}" for m in self.nodes]
         lines += self._link_security(site)
         if self.verify_s is not None:
             lines.append(f"link:\n  verify_s: {self.verify_s}")

@@ -12,7 +12,7 @@ from gateway.netns import enter_bus_netns
 from protocol.errors import DrgateError
 
 if TYPE_CHECKING:
-    from gateway.sidecar import SidecarConfig
+    from gateway.sidecarconfig import SidecarConfig
 
 
 def configure_dr_site(parser: argparse.ArgumentParser, *, origin_help: str) -> None:

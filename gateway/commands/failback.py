@@ -31,7 +31,7 @@ from protocol import cluster as pc
 from protocol.errors import DrgateError
 
 if TYPE_CHECKING:
-    from gateway.sidecar import SidecarConfig
+    from gateway.sidecarconfig import SidecarConfig
 
 NAME = "failback"
 HELP = (

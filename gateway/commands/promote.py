@@ -24,7 +24,7 @@ from protocol import cluster as pc
 from protocol.errors import DrgateError
 
 if TYPE_CHECKING:
-    from gateway.sidecar import SidecarConfig
+    from gateway.sidecarconfig import SidecarConfig
 
 NAME = "promote"
 HELP = "promote the DR site: raise the epoch, make full replicas writable, print the RPO"

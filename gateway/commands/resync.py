@@ -24,7 +24,7 @@ from protocol import cluster as pc
 from protocol.errors import DrgateError
 
 if TYPE_CHECKING:
-    from gateway.sidecar import SidecarConfig
+    from gateway.sidecarconfig import SidecarConfig
 
 NAME = "resync"
 HELP = "accept a restarted primary's new incarnation, which re-seeds this DR site"

@@ -12,7 +12,8 @@ import trio
 from gateway.commands._service import configure_service, start_metrics, stop_on_signal
 from gateway.config import load_sidecar_config
 from gateway.logs import configure_logging
-from gateway.sidecar import Sidecar, SidecarConfig
+from gateway.sidecar import Sidecar
+from gateway.sidecarconfig import SidecarConfig
 
 NAME = "run"
 HELP = "run a sidecar: tap and egress at the primary site, ingress at the DR site"

@@ -56,7 +56,7 @@ from protocol import cluster as pc
 from protocol.errors import DrgateError
 
 if TYPE_CHECKING:
-    from gateway.sidecar import SidecarConfig
+    from gateway.sidecarconfig import SidecarConfig
 
 NAME = "switchover"
 HELP = "planned switchover: quiesce P, drain the link to D (RPO 0), promote D in P's stream"

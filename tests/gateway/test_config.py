@@ -18,7 +18,7 @@ from gateway.brokerconfig import load_broker_config
 from gateway.cli import main
 from gateway.config import load_sidecar_config
 from gateway.linkconfig import LinkSettings
-from gateway.sidecar import SidecarConfig
+from gateway.sidecarconfig import SidecarConfig
 from lab.site import LAB_RULES
 from protocol.errors import ConfigError
 

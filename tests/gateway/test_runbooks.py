@@ -95,7 +95,8 @@ class Operator:
 @pytest.fixture(params=lab.BUSES)
 def two(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TwoSites]:
     lab.require_bus(request.param)
-    with TwoSites(workdir=tmp_path, metrics=True, bus=request.param) as sites:
+    # Configs that link both ways: the switchover swaps the sites in place.
+    with TwoSites(workdir=tmp_path, metrics=True, bus=request.param, reversible=True) as sites:
         add_queues(sites)
         yield sites
 
@@ -128,18 +129,23 @@ def test_the_runbooks_run_as_written(two: TwoSites) -> None:
     assert accepted(two.p, "q-full", 20, "before") == 20
     wait_for("D's full replica equals P's queue", lambda: converged(two))
 
-    # Planned switchover: D is the primary, P handed over.
+    # Planned switchover: D is the primary, P its DR site.
     printed = operator.run("planned switchover")
-    assert "done: site-d is the primary" in printed[0], printed[0]
-    assert status(two, "site-d", 1)["resync"]["promoted"]
-    assert status(two, "site-p", 1)["superseded_by"] == "site-d"
+    assert "done: site-d is the primary and site-p its DR site" in printed[0], printed[0]
+    assert status(two, "site-d", 1)["role"] == "egress"
+    assert status(two, "site-p", 1)["role"] == "ingress"
     assert accepted(two.d, "q-full", 1, "at-d") == 1
-    assert accepted(two.p, "q-full", 1, "refused") == 0
+    assert accepted(two.p, "q-full", 1, "refused") == 0  # a read-only replica now
+    wait_for("P's full replica equals D's queue", lambda: converged(two))
 
-    # Failback: P is the primary again once D holds its state.
-    operator.run("failback")
-    failed_back(two)
+    # Switch back: P is the primary again, D its DR site, both streams kept.
+    printed = operator.run("switch back")
+    assert "done: site-p is the primary and site-d its DR site" in printed[0], printed[0]
+    assert status(two, "site-p", 1)["role"] == "egress"
+    assert status(two, "site-d", 1)["role"] == "ingress"
+    assert accepted(two.p, "q-full", 1, "back") == 1
     wait_for("D's full replica equals P's queue", lambda: converged(two))
+    assert queues(two.d.describe(2))["q-full"]["depth"] == 22
 
     # Failover with P cut off: D promoted, its full replica writable.
     two.wan_all("cut")

@@ -1,9 +1,9 @@
 """The sites swap roles in place (docs/operations.md, "A planned switchover"):
-with sidecar configs that link both ways, ``drgate switchover`` at P makes
-D the primary and P its DR site without a resync, D's clients' messages
-reach P, and a second switchover, at D, swaps them back with both sites'
-messages kept.  Two sites of three brokers and three sidecars
-(lab.site.TwoSites, ``reversible``)."""
+with sidecar configs that link both ways, ``drgate switchover`` at P under
+load makes D the primary and P its DR site without a resync, with RPO 0,
+D's clients' changes reach P, and a second switchover under load, at D,
+swaps them back with the same guarantees.  Two sites of three brokers and three sidecars
+(lab.site.TwoSites, ``reversible``), on each bus."""
 
 from __future__ import annotations
 
@@ -16,14 +16,21 @@ import pytest
 
 from lab.site import BrokerSite, TwoSites
 from tests.gateway.test_promote import add_queues, drgate
-from tests.lab import queues, status, wait_for
+from tests.gateway.test_switchover_e2e import outcomes
+from tests.lab import queues, require_bus, status, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
 
-@pytest.fixture
-def two(tmp_path: Path) -> Iterator[TwoSites]:
-    with TwoSites(workdir=tmp_path, metrics=True, reversible=True) as sites:
+@pytest.fixture(
+    params=[
+        pytest.param("embedded"),
+        pytest.param("corosync", marks=pytest.mark.corosync),
+    ]
+)
+def two(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TwoSites]:
+    require_bus(request.param)
+    with TwoSites(workdir=tmp_path, metrics=True, reversible=True, bus=request.param) as sites:
         add_queues(sites)
         yield sites
 
@@ -46,49 +53,64 @@ def replica(site: BrokerSite, queue: str) -> dict[str, Any] | None:
     return found
 
 
-def test_a_switchover_swaps_the_sites_and_a_second_one_swaps_them_back(two: TwoSites) -> None:
+def under_load(site: BrokerSite, config: Path, prefix: str) -> tuple[dict[str, Any], int]:
+    """``drgate switchover --config CONFIG`` while a publisher at ``site``
+    sends to q-full at 100 a second; its result, and how many of the
+    publisher's messages ``site`` accepted (all before the first refusal)."""
+    record = site.workdir / f"publisher-{prefix}.jsonl"
+    publisher = site.client_popen(
+        1, "publish", site.amqp[1], "q-full", "--count", "100000", "--rate", "100",
+        "--prefix", prefix, "--record", str(record),
+    )  # fmt: skip
+    wait_for("the publisher is under way", lambda: len(outcomes(record)) > 50)
+    result = switch_over(config)
+    wait_for("publishes are refused", lambda: outcomes(record).count("rejected") >= 20)
+    publisher.kill()
+    publisher.communicate()
+    seen = outcomes(record)
+    assert "accepted" not in seen[seen.index("rejected") :]  # none after the first refusal
+    print("switchover:", {k: result[k] for k in ("window_seconds", "drained_cseqs")})  # -s
+    return result, seen.count("accepted")
+
+
+def test_a_switchover_under_load_swaps_the_sites_and_a_second_one_swaps_them_back(
+    two: TwoSites,
+) -> None:
     p, d = two.p, two.d
-    assert (
-        p.client(1, "publish", p.amqp[1], "q-full", "--count", "30", "--prefix", "p")["accepted"]
-        == 30
-    )
-    wait_for("D's full replica equals P's queue", lambda: same(p, d, "q-full"))
+    wait_for("the link is up", lambda: status(two, "site-p", 1)["link_state"] == "up")
     seeded = [status(two, "site-d", n)["resync"]["total"] for n in two.nodes]  # the seeding
 
-    first = switch_over(p.workdir / "sidecar-1.yaml")
+    first, at_p = under_load(p, p.workdir / "sidecar-1.yaml", "p")
     assert first["switched"] and first["swapped"], first
     assert [s["step"] for s in first["steps"]][-2:] == ["swap", "done"]
-    # P is D's DR site: its queues are replicas of D's, nothing was shipped.
+    # RPO 0: D holds exactly what P accepted; P's copy is D's, nothing shipped.
+    assert queues(p.describe(2))["q-full"]["depth"] == at_p
+    assert same(p, d, "q-full")
     assert replica(p, "q-full") == {"origin": "site-d", "mode": "full"}
     assert replica(p, "q-enq") == {"origin": "site-d", "mode": "enqueue"}
     assert status(two, "site-d", 1)["role"] == "egress"
     assert status(two, "site-p", 1)["role"] == "ingress"
     assert status(two, "site-p", 1)["resync"]["total"] == 0
 
-    # D's clients: publishes and a consumer; P follows.
-    d_pub = d.client(1, "publish", d.amqp[1], "q-full", "--count", "20", "--prefix", "d")
-    assert d_pub["accepted"] == 20
+    # D's clients: a consumer and an enqueue publisher; P follows.
     taken = d.client(2, "consume", d.amqp[2], "q-full", "--count", "10")
     assert taken["received"] == 10
-    assert (
-        d.client(1, "publish", d.amqp[1], "q-enq", "--count", "5", "--prefix", "d")["accepted"] == 5
-    )
-    wait_for("P's replica equals D's queue", lambda: same(d, p, "q-full"))
-    assert queues(p.describe(2))["q-full"]["depth"] == 40
+    enq = d.client(1, "publish", d.amqp[1], "q-enq", "--count", "5", "--prefix", "d")
+    assert enq["accepted"] == 5
     refused = p.client(1, "publish", p.amqp[1], "q-full", "--count", "1", "--prefix", "late")
     assert refused["accepted"] == 0  # P's full replica is read-only now
 
-    second = switch_over(d.workdir / "sidecar-1.yaml")
+    second, at_d = under_load(d, d.workdir / "sidecar-1.yaml", "d")
     assert second["switched"] and second["swapped"], second
+    # RPO 0 the other way: P holds everything D accepted, and its own.
+    assert queues(p.describe(2))["q-full"]["depth"] == at_p - 10 + at_d
+    assert same(p, d, "q-full")
     assert replica(d, "q-full") == {"origin": "site-p", "mode": "full"}
     assert status(two, "site-p", 1)["role"] == "egress"
     assert status(two, "site-d", 1)["role"] == "ingress"
 
-    assert (
-        p.client(1, "publish", p.amqp[1], "q-full", "--count", "5", "--prefix", "back")["accepted"]
-        == 5
-    )
+    back = p.client(1, "publish", p.amqp[1], "q-full", "--count", "5", "--prefix", "back")
+    assert back["accepted"] == 5
     wait_for("D's replica equals P's queue again", lambda: same(p, d, "q-full"))
-    assert queues(d.describe(2))["q-full"]["depth"] == 45
     # No resync in either direction: only the seeding, at the start.
     assert [status(two, "site-d", n)["resync"]["total"] for n in two.nodes] == seeded

@@ -14,7 +14,7 @@ from cluster import state as st
 from cluster.addresses import Address
 from cluster.bus import BusConfig
 from filters.rules import load_rules
-from gateway.sidecar import SidecarConfig
+from gateway.sidecarconfig import SidecarConfig
 from protocol import cluster as pc
 from protocol import link
 from protocol.modes import Mode
