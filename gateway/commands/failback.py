@@ -55,7 +55,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     config = load_sidecar_config(args.config)
     enter_bus_netns(config.bus)
-    if config.primary:
+    # Configs that link both ways serve either site's role: the step is the
+    # one --epoch names (the sites may have swapped since they were written).
+    at_old_primary = args.epoch is not None if config.reversible else config.primary
+    if at_old_primary:
         if args.epoch is None or args.epoch < 1:
             raise DrgateError(
                 f"{args.config} is a primary sidecar's config ({config.site}): give --epoch N, "

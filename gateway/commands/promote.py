@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from gateway.commands._dr_site import configure_dr_site, load_dr_site
+from gateway.commands._dr_site import check_dr_now, configure_dr_site, load_dr_site
 from gateway.resync import open_admin_member, origin_summary
 from protocol import cluster as pc
 from protocol.errors import DrgateError
@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _promote(config: SidecarConfig, origin: str, dry_run: bool) -> dict[str, object]:
     async with open_admin_member(config.site, config.bus) as member:
+        check_dr_now(config, member.state, command=NAME)
         o = member.state.origins.get(origin)
         now_us = int(time.time() * 1e6)
         result = origin_summary(o, now_us)

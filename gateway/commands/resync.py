@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from gateway.commands._dr_site import configure_dr_site, load_dr_site
+from gateway.commands._dr_site import check_dr_now, configure_dr_site, load_dr_site
 from gateway.resync import open_admin_member, origin_summary
 from protocol import cluster as pc
 from protocol.errors import DrgateError
@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _accept(config: SidecarConfig, origin: str, incarnation: int) -> dict[str, object]:
     async with open_admin_member(config.site, config.bus) as member:
+        check_dr_now(config, member.state, command=NAME)
         o = member.state.origins.get(origin)
         result = origin_summary(o)
         result["previous_incarnation"] = 0 if o is None else o.incarnation

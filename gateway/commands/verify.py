@@ -32,6 +32,7 @@ from gateway.commands.status import (
 from gateway.config import load_sidecar_config
 from gateway.netns import enter_bus_netns
 from gateway.resync import open_admin_member
+from gateway.roles import runs_as_primary
 from protocol import cluster as pc
 from protocol.errors import DrgateError
 
@@ -79,7 +80,7 @@ def ask_now(config_path: str) -> int:
     """Multicast a ``VerifyPoint`` on the bus of the P sidecar of
     ``config_path``; its cseq."""
     config = load_sidecar_config(config_path)
-    if not config.primary:
+    if not config.primary and not config.reversible:
         raise DrgateError(
             f"{config_path} is a DR sidecar's config ({config.site}): --config takes a "
             "primary sidecar's, where the verification point is made"
@@ -88,6 +89,12 @@ def ask_now(config_path: str) -> int:
 
     async def post() -> int:
         async with open_admin_member(config.site, config.bus) as member:
+            state = member.state
+            if not runs_as_primary(state, configured=config.primary, reversible=config.reversible):
+                raise DrgateError(
+                    f"{config.site} is {config.peer_cluster}'s DR site now (a switchover "
+                    f"swapped the sites): run drgate verify at {config.peer_cluster}"
+                )
             return await member.submit_and_wait(pc.VerifyPoint(int(time.time() * 1e6)))
 
     return trio.run(post)

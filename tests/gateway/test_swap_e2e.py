@@ -91,6 +91,11 @@ def test_a_switchover_under_load_swaps_the_sites_and_a_second_one_swaps_them_bac
     assert status(two, "site-d", 1)["role"] == "egress"
     assert status(two, "site-p", 1)["role"] == "ingress"
     assert status(two, "site-p", 1)["resync"]["total"] == 0
+    # The DR site's commands run at P now, with P's config, and not at D.
+    dry = drgate("promote", "--config", str(p.workdir / "sidecar-1.yaml"), "--dry-run", "--json")
+    assert dry.returncode == 0 and json.loads(dry.stdout)["origin"] == "site-d", dry.stderr
+    at_d = drgate("promote", "--config", str(d.workdir / "sidecar-1.yaml"), "--dry-run")
+    assert at_d.returncode != 0 and "site-d is the primary now" in at_d.stderr, at_d.stderr
 
     # D's clients: a consumer and an enqueue publisher; P follows.
     taken = d.client(2, "consume", d.amqp[2], "q-full", "--count", "10")
