@@ -75,7 +75,11 @@ def refusal(state: SiteState, *, site: str, hello: link.Hello) -> Refusal | None
             f"{site} as the primary: stop {peer}'s clients and rebuild {peer} as {site}'s DR "
             f"site. To make {peer} the primary again: run 'drgate failback --config <a {site} "
             f"sidecar's config>' at {site}, then the command it prints at {peer} "
-            "(docs/operations.md, 'Split brain')"
+            "(docs/operations.md, 'Split brain'). What "
+            f"{peer} accepted after the last of its events {site} applied (cseq "
+            f"{origin.applied.get(hello.incarnation, 0)}): 'drgate divergence --after "
+            f"{origin.applied.get(hello.incarnation, 0)} --out DIR --config <a {peer} sidecar's "
+            f"config>' at {peer}"
         )
         code = link.LinkErrorCode.STALE_EPOCH
         if hello.minor >= PARTITIONED_MINOR:
