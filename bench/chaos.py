@@ -41,10 +41,16 @@ def main(argv: list[str] | None = None) -> int:
         help="the publishers' rates times X (default 1; a 200-fault corosync run on 2 cores "
         "keeps them at full rate at load 16 to 20, where restarts take minutes)",
     )
+    parser.add_argument(
+        "--reversible",
+        action="store_true",
+        help="sidecar configs that link both ways: a switchover swaps the sites in place and "
+        "the switch back is a second switchover (default: a failback)",
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     options = ChaosOptions(seed=seed, faults=args.faults, bus=args.bus, workdir=args.workdir)
-    options = dataclasses.replace(options, rate_scale=args.rate_scale)
+    options = dataclasses.replace(options, rate_scale=args.rate_scale, reversible=args.reversible)
     if args.start_timeout is not None:
         options = dataclasses.replace(options, start_timeout_s=args.start_timeout)
     report = run_chaos(

@@ -106,7 +106,7 @@ def describe(state: SiteState) -> dict[str, Any]:
                 "digest": st.queue_digest(state, q.name),
                 "args": {k: v if not isinstance(v, bytes) else v.hex() for k, v in q.args.items()},
                 "replica": None
-                if q.replica is None
+                if q.replica is None or q.replica.origin in state.handovers
                 else {"origin": q.replica.origin, "mode": q.replica.mode.label},
             }
         )

@@ -62,8 +62,9 @@ def refusal(state: SiteState, *, site: str, hello: link.Hello) -> Refusal | None
         text = (
             f"{peer} handed over to {site} in a planned switchover at {when} (epoch "
             f"{origin.epoch}): {site} is the primary and takes no stream from {peer}. To make "
-            f"{peer} the primary again: 'drgate failback --config <a {site} sidecar's config>' "
-            f"at {site}, then the command it prints at {peer}"
+            f"{peer} the primary again: 'drgate switchover' at {site} (sidecar configs that "
+            f"link both ways), or 'drgate failback --config <a {site} sidecar's config>' at "
+            f"{site}, then the command it prints at {peer}"
         )
         return Refusal(int(link.LinkErrorCode.STALE_EPOCH), text)
     if origin.promoted:

@@ -197,12 +197,13 @@ class Sidecar(NullObserver):
             self._roles_may_have_changed()
         if isinstance(cmd, pc.Durable):
             self._durable_advanced()  # held acks (D), or events held back (P), may go
-        if self.primary != self._was_primary:
+        was_primary = self._was_primary  # the role this command was applied in
+        if self.primary != was_primary:
             if self.member.ready.is_set():
                 self._swap_roles()
             else:  # joining: serve() opens the spool for the role it finds
                 self._was_primary = self.primary
-        if not self._was_primary:
+        if not was_primary:
             if self.state.incarnation == 0:
                 # Not the site's state yet: its brokers' recovery will replace
                 # it (a start over applies what it buffered to an empty

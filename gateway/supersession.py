@@ -71,6 +71,7 @@ def handed_over_text(site: str, state: SiteState) -> str:
     to = state.superseded_by
     return (
         f"{site} handed over to {to} in a planned switchover: {to} is the primary and "
-        f"{site} sends it nothing. To make {site} the primary again: 'drgate failback' at "
-        f"{to}, then the command it prints here (docs/operations.md, 'A planned switchover')"
+        f"{site} sends it nothing. To make {site} the primary again: 'drgate switchover' at "
+        f"{to} (sidecar configs that link both ways), or 'drgate failback' at {to}, then the "
+        "command it prints here (docs/operations.md, 'A planned switchover')"
     )

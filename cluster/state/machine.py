@@ -72,6 +72,7 @@ from cluster.state.switchover import (
     failing_back,
     frozen,
     guard_text,
+    swapped_text,
     switching,
     switchover,
 )
@@ -424,6 +425,8 @@ def _publish(state: SiteState, cmd: Publish, sender: Sender | None, eff: Effects
         if closed_to_publishes(state, name):
             if switching(state, name):
                 reason, text = Reason.SWITCHOVER, guard_text(state, name, "take publishes")
+            elif state.handed_to and not state.superseded_by:
+                reason, text = Reason.SWITCHOVER, swapped_text(state, name)
             else:
                 reason, text = Reason.SUPERSEDED, _superseded_text(state, name)
             _refuse(state, eff, sender, reason, name, text, ref=cmd.ref)
@@ -771,6 +774,8 @@ def _promote(state: SiteState, cmd: Promote, sender: Sender | None, eff: Effects
     o.epoch = cmd.epoch
     o.promoted = True
     o.promoted_time_us = cmd.time_us
+    if state.handed_to == cmd.origin_cluster:  # promoted over the primary it swapped with
+        state.handed_to, state.guarded = "", {}
     eff.append(Promoted(cmd.origin_cluster, cmd.epoch))
 
 

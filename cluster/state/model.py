@@ -472,6 +472,7 @@ class SiteState:
         "failback_cseq",
         "failback_queues",
         "guarded",
+        "handed_to",
         "handover_cseq",
         "handovers",
         "incarnation",
@@ -527,6 +528,10 @@ class SiteState:
         # primary of a DR site that handed over to it, or the DR site of the
         # one it handed over to (cluster/state/switchover.py).
         self.swapped = False
+        # The primary this site handed over to and is the DR site of now (a
+        # swap): ``guarded`` stays closed to publishes, whose clients belong
+        # at that primary, until this site is the primary again.
+        self.handed_to = ""
         # At a DR site: the origins promoted over by their own handover (not a
         # split brain when they knock), until a failback.
         self.handovers: dict[str, None] = {}

@@ -41,8 +41,9 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
                                                site; from version 6)
                   | u32 n | n x failback queue str16  (the queues that wait
                                                for it; from version 7)
-                  | handover_cseq u64 | swapped u8  (a handover sent, and the
-                                               roles swapped; from version 8)
+                  | handover_cseq u64 | swapped u8 | handed_to str16  (a
+                                               handover sent, the roles swapped, the
+                                               primary swapped with; from version 8)
     origin     := name str16 | incarnation u64 | epoch u32 | promoted u8
                   | promoted_time_us u64 | last_time_us u64 | last_cseq u64
                   | refused_incarnation u64 | u32 n | n x (incarnation u64 | cseq u64)
@@ -372,6 +373,7 @@ def _snapshot(
     for name in state.failback_queues:
         _str16(out, name)
     out.append(_U64.pack(state.handover_cseq) + _U8.pack(int(state.swapped)))
+    _str16(out, state.handed_to)
     try:
         return b"".join(out)
     except TypeError as exc:  # pragma: no cover - a body that is not bytes
@@ -684,6 +686,7 @@ def _restore(r: _Reader, bodies: SiteState | None) -> SiteState:
     if version >= 8:
         st.handover_cseq = r.u64()
         st.swapped = r.flag("the roles swapped")
+        st.handed_to = r.str16()
     if r.off != len(data):
         raise RemoteProtocolError(f"snapshot has {len(data) - r.off} trailing bytes")
     for q in st.queues.values():

@@ -70,6 +70,7 @@ __all__ = [
     "guard_text",
     "handover",
     "swap_in",
+    "swapped_text",
     "swapping",
     "switching",
     "switchover",
@@ -130,8 +131,22 @@ def switching(state: SiteState, queue: str) -> bool:
 
 
 def closed_to_publishes(state: SiteState, queue: str) -> bool:
-    """Is ``queue`` closed to publishes, by a switchover or a supersession?"""
-    return queue in state.guarded and bool(state.superseded_by or state.switchover_to)
+    """Is ``queue`` closed to publishes, by a switchover, a supersession or
+    the swap that made this site the DR site of the one it handed over to?"""
+    return queue in state.guarded and bool(
+        state.superseded_by or state.switchover_to or state.handed_to
+    )
+
+
+def swapped_text(state: SiteState, queue: str) -> str:
+    """Why ``queue`` takes no publishes at a site that swapped roles with
+    ``handed_to``, the primary now."""
+    to = state.handed_to
+    return (
+        f"{state.cluster} handed its role over to {to} in a planned switchover and is its DR "
+        f"site: replicated queue {queue!r} takes publishes at {to}, the primary. Move this "
+        f"queue's clients to {to} (docs/operations.md, 'A planned switchover')"
+    )
 
 
 def failing_back(state: SiteState, queue: str) -> bool:
@@ -203,6 +218,8 @@ def handover(state: SiteState, origin: str, epoch: int, cmd: Switchover, eff: Ef
     o.promoted_time_us = cmd.time_us
     state.handovers[origin] = None
     state.swapped = not state.swapped  # the primary now, whatever it was configured as
+    if state.handed_to == origin:  # it swapped with this site before: its queues reopen
+        state.handed_to, state.guarded = "", {}
     eff.append(Promoted(origin, o.epoch))
 
 
@@ -241,9 +258,10 @@ def take_dr_role(state: SiteState, origin: str) -> None:
     state.staged.pop(origin, None)
     state.superseded_by = ""
     state.superseded_time_us = 0
-    state.guarded, state.failback_queues, state.failback_cseq = {}, {}, 0
+    state.failback_queues, state.failback_cseq = {}, 0
     end(state)
     state.swapped = not state.swapped
+    state.handed_to = origin  # ``guarded`` stays closed: its clients belong at the primary
 
 
 def swap_in(state: SiteState, origin: str, mode: Mode, cmd: Switchover, eff: Effects) -> None:

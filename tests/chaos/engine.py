@@ -117,6 +117,9 @@ class ChaosOptions:
     # tens of ms of CPU at these rates, docs/performance.md), and a broker's
     # restart takes minutes: a 200-fault run on such a machine takes a third.
     rate_scale: float = 1.0
+    # Sidecar configs that link both ways: a switchover swaps the sites in
+    # place and the switch back is a second switchover, at D.
+    reversible: bool = False
 
 
 @dataclass
@@ -354,6 +357,7 @@ class ChaosRun:
         two = TwoSites(
             workdir=workdir / "lab", metrics=True, bus=opts.bus, durable=True, nodes=opts.nodes,
             rules=self.rules, verify_s=VERIFY_S, capture_dir=workdir / "captures",
+            reversible=opts.reversible,
         )  # fmt: skip
         self.two = two
         two.p.start_timeout_s = two.d.start_timeout_s = opts.start_timeout_s
@@ -515,8 +519,12 @@ class ChaosRun:
 
     def _switch_back(self) -> None:
         """The switch back: ``drgate failback`` at D (again until D applied
-        the handover), then at P with the epoch D printed."""
+        the handover), then at P with the epoch D printed; with configs that
+        link both ways, a second switchover, at D."""
         if not self.switched:
+            return
+        if self.options.reversible:
+            self._switch_over_back()
             return
         two = self.two
         d_config = str(two.d.workdir / "sidecar-1.yaml")
@@ -541,6 +549,39 @@ class ChaosRun:
             return
         self.switched = False
         self.log(f"switched back: P is the primary again at epoch {epoch}")
+
+    def _switch_over_back(self) -> None:
+        """``drgate switchover`` at D, again until it swaps the sites back
+        (it aborts while the WAN or a fault keeps D from draining to P, and
+        refuses to start until D's egress reached P)."""
+        d = self.two.d
+        tries: list[subprocess.CompletedProcess[str]] = []
+
+        def swapped_back() -> bool:
+            tries.append(
+                d.drgate(
+                    1, "switchover", "--config", str(d.workdir / "sidecar-1.yaml"),
+                    "--timeout", str(SWITCHOVER_TIMEOUT_S), "--json",
+                    timeout=3 * SWITCHOVER_TIMEOUT_S + 60,
+                )
+            )  # fmt: skip
+            with contextlib.suppress(ValueError):
+                return bool(json.loads(tries[-1].stdout).get("switched"))
+            return False
+
+        with contextlib.suppress(AssertionError):  # reported below, with D's answer
+            wait_for("D switched over back to P", swapped_back, timeout=SWITCH_BACK_TIMEOUT_S)
+        done = tries[-1]
+        result = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
+        if not result.get("switched"):
+            self.problem(f"drgate switchover at D failed: {done.stdout}{done.stderr}".strip())
+            return
+        self.switched = False
+        self.log(
+            f"switched back by a second switchover ({len(tries)} tries): window "
+            f"{result.get('window_seconds')} s, {result.get('drained_cseqs')} cseqs drained, "
+            f"swapped: {result.get('swapped')}"
+        )
 
     def _kill(self, site: BrokerSite, names: list[str]) -> None:
         for name in names:

@@ -334,15 +334,16 @@ def test_a_snapshot_of_version_2_restores_as_a_site_without_recoveries() -> None
     v8 = snapshot(s)
     # Version 8 ends with the recoveries (none), the switchover (none: an
     # empty name, time 0, no handovers), the failback (cseq 0) and its queues
-    # (none), the handover (cseq 0) and the swap (0); version 7 without the
-    # last two, 6 without the failback's queues, 5 without the failback, 4
-    # without the switchover, 2 without the recoveries too.
-    assert v8[4:6] == b"\x00\x08" and v8.endswith(b"\x00" * 39)
-    v7 = v8[:4] + b"\x00\x07" + v8[6:-9]
-    v6 = v8[:4] + b"\x00\x06" + v8[6:-13]
-    v5 = v8[:4] + b"\x00\x05" + v8[6:-21]
-    v4 = v8[:4] + b"\x00\x04" + v8[6:-35]
-    v2 = v8[:4] + b"\x00\x02" + v8[6:-39]
+    # (none), the handover (cseq 0), the swap (0) and the site swapped
+    # with (none); version 7 without the last three, 6 without the failback's
+    # queues, 5 without the failback, 4 without the switchover, 2 without the
+    # recoveries too.
+    assert v8[4:6] == b"\x00\x08" and v8.endswith(b"\x00" * 41)
+    v7 = v8[:4] + b"\x00\x07" + v8[6:-11]
+    v6 = v8[:4] + b"\x00\x06" + v8[6:-15]
+    v5 = v8[:4] + b"\x00\x05" + v8[6:-23]
+    v4 = v8[:4] + b"\x00\x04" + v8[6:-37]
+    v2 = v8[:4] + b"\x00\x02" + v8[6:-41]
     r = restore_untrusted(v2)
     assert r.recoveries == []
     assert snapshot(r) == v8

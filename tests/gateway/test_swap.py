@@ -6,6 +6,7 @@ the other as the link carries it."""
 
 from __future__ import annotations
 
+from cluster.siteview import describe
 from cluster.state import Promoted, Reason, Refused, Verified, apply, new_state, read_only_origin
 from cluster.state.model import SiteState
 from cluster.state.switchover import handed_over
@@ -136,13 +137,18 @@ def test_after_a_switchover_p_is_d_s_dr_site_from_d_s_swap_without_a_resync() ->
     }
     assert p.queues["n.q"].replica is None
     assert pair.p.ids("f.q") == pair.d.ids("f.q") == ["p-f.q-0", "p-f.q-1", "p-f.q-2"]
-    assert p.superseded_by == "" and p.guarded == {} and p.switchover_to == ""
+    assert p.superseded_by == "" and p.switchover_to == "" and p.handed_to == "site-d"
     assert applied(p, "site-d", 7) == swap_at
-    # P's full replica is read-only now, its enqueue queue takes its own clients.
     assert read_only_origin(p, p.queues["f.q"]) == "site-d"
-    (refused,) = apply(p, pc.Publish("", "f.q", b"x", "x"), sender=A)
-    assert isinstance(refused, Refused) and refused.reason == Reason.READ_ONLY
-    assert not any(isinstance(e, Refused) for e in apply(p, pc.Publish("", "e.q", b"y", "y")))
+    # A client left behind at P is told where the queue takes publishes now;
+    # what P holds of its enqueue queue is still its consumers'.
+    for queue in ("f.q", "e.q"):
+        (refused,) = apply(p, pc.Publish("", queue, b"x", "x"), sender=A)
+        assert isinstance(refused, Refused) and refused.reason == Reason.SWITCHOVER
+        assert "site-p handed its role over to site-d" in refused.description
+        assert f"{queue!r} takes publishes at site-d" in refused.description
+    assert not any(isinstance(e, Refused) for e in apply(p, pc.Publish("", "n.q", b"y", "y")))
+    assert not any(isinstance(e, Refused) for e in apply(p, pc.Acquire("e.q", SA, 1, 1)))
     # D's stream reaches P: publishes, a consumer's accept, a verification.
     pair.run(pc.Publish("", "f.q", b"d-0", "d-f.q-0"))
     pair.run(pc.Publish("", "e.q", b"d-1", "d-e.q-0"))
@@ -180,11 +186,29 @@ def test_a_second_switchover_swaps_the_sites_back_with_both_streams_kept() -> No
     assert not d.origins["site-p"].promoted and applied(d, "site-p", 42) == swap_at
     assert read_only_origin(d, d.queues["f.q"]) == "site-p"
     assert read_only_origin(p, p.queues["f.q"]) is None  # P promoted over D: writable
+    assert (p.handed_to, p.guarded) == ("", {})  # P's clients publish here again
+    assert d.handed_to == "site-p"
+    # P describes the queues it took over as its own, D as replicas of P's.
+    assert queues_of(p)["f.q"]["replica"] is None
+    assert queues_of(d)["f.q"]["replica"] == {"origin": "site-p", "mode": "full"}
     pair.run(pc.Publish("", "f.q", b"p", "p-f.q-3"))
     assert pair.d.ids("f.q") == pair.p.ids("f.q")
     assert pair.d.ids("f.q")[-2:] == ["d-f.q-0", "p-f.q-3"]
     got = verified(pair)
     assert all(v.ok for v in got.values()), got
+
+
+def queues_of(state: SiteState) -> dict[str, dict[str, object]]:
+    return {q["name"]: q for q in describe(state)["queues"]}
+
+
+def test_a_forced_promotion_of_the_dr_site_it_swapped_into_opens_its_queues() -> None:
+    pair = loaded()
+    pair.switch_over()
+    p = pair.p.state
+    apply(p, pc.Promote("site-d", 5, T))  # D is lost: P takes over by a failover
+    assert (p.handed_to, p.guarded) == ("", {})
+    assert not any(isinstance(e, Refused) for e in apply(p, pc.Publish("", "f.q", b"x", "x")))
 
 
 def test_a_swap_at_a_site_that_did_not_hand_over_changes_no_queue() -> None:
