@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from cluster.state import fenced
 from cluster.state.model import SiteState
 from cluster.state.switchover import awaiting_swap
+from cluster.state.views import applied
 from gateway import resync as rs
 from protocol import link
 
@@ -105,6 +106,16 @@ def refusal(state: SiteState, *, site: str, hello: link.Hello) -> Refusal | None
         )
         return Refusal(rs.NEW_INCARNATION_CODE, text)
     return None
+
+
+def resume_from(state: SiteState, hello: link.Hello) -> int:
+    """Where an accepted ``hello``'s stream resumes: after what this site
+    applied of it, or, from the site this one handed over to, wherever that
+    site's spool starts (its first event is the ``SWAP`` that makes this site
+    its DR site, whatever came before)."""
+    if awaiting_swap(state, hello.origin_cluster):
+        return hello.resume_point
+    return applied(state, hello.origin_cluster, hello.incarnation)
 
 
 class PartitionWatch:

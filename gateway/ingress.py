@@ -40,14 +40,13 @@ import trio
 
 from cluster.bus import MemberId
 from cluster.member import SiteMember
-from cluster.state.switchover import awaiting_swap
 from cluster.state.views import applied
 from cluster.tls import peer_name_refusal, tls_failure_text
 from gateway import resync as rs
 from gateway.ackgate import AckGate, DurableWatermark
 from gateway.admission import admit_event
 from gateway.egress import READ_BYTES
-from gateway.fencing import PartitionWatch, refusal
+from gateway.fencing import PartitionWatch, refusal, resume_from
 from gateway.linkconnect import describe_error, peer_address
 from gateway.linkstatus import LinkStatus
 from gateway.recoverypoint import HeartbeatPoster
@@ -205,13 +204,7 @@ class Ingress:
         if not_active is not None:
             code = int(link.LinkErrorCode.NOT_ACTIVE)
             return receiver.refuse(code, not_active, retriable=True), False
-        state = self.member.state
-        if awaiting_swap(state, hello.origin_cluster):
-            # The site this one handed over to: its stream starts with the
-            # SWAP that makes this site its DR site, whatever came before.
-            resume = hello.resume_point
-        else:
-            resume = applied(state, hello.origin_cluster, hello.incarnation)
+        resume = resume_from(self.member.state, hello)
         self.status.state = "up"
         self.status.peer = hello.origin_cluster
         log.info("ingress: link up from %s, resuming after %d", hello.origin_cluster, resume)

@@ -481,34 +481,33 @@ class TwoSites(Started):
 
     def start_wan(self, n: int) -> None:
         """Emulator n: bound to a port of its choosing (no race for free ports)."""
-        argv = [
-            sys.executable, "-m", "lab.wan",
-            "--listen", f"{self.host['site-p']}:0",
-            "--target", f"{self.node_address(self.d, n)}:{self.d_port(n)}",
-            "--control", "127.0.0.1:0",
-            "--delay-ms", str(self.delay_ms),
-        ]  # fmt: skip
-        proc = self.p._spawn(f"wan-{n}", argv)
-        line = proc.wait_line("wan.serving")
-        ports = re.findall(r"\('[^']*', (\d+)\)", line)
-        self.wan_listen[n], self.wan_control[n] = int(ports[0]), int(ports[2])
+        target = f"{self.node_address(self.d, n)}:{self.d_port(n)}"
+        listen, control = self._start_emulator(self.p, f"wan-{n}", self.host["site-p"], target)
+        self.wan_listen[n], self.wan_control[n] = listen, control
 
     def start_wan_back(self, n: int) -> None:
         """Reversible: emulator n of the other direction, which D's sidecars
         dial once D is the primary, to P sidecar n's link port (chosen now:
         P's sidecars start after D's)."""
-        port = self.p_listen.setdefault(n, free_port())
+        target = f"{self.node_address(self.p, n)}:{self.p_listen.setdefault(n, free_port())}"
+        listen, control = self._start_emulator(self.d, f"wan-back-{n}", self.host["site-d"], target)
+        self.back_listen[n], self.back_control[n] = listen, control
+
+    def _start_emulator(
+        self, site: BrokerSite, name: str, host: str, target: str
+    ) -> tuple[int, int]:
+        """A WAN emulator on ``host`` in front of ``target``: its listen and
+        control ports."""
         argv = [
             sys.executable, "-m", "lab.wan",
-            "--listen", f"{self.host['site-d']}:0",
-            "--target", f"{self.node_address(self.p, n)}:{port}",
+            "--listen", f"{host}:0",
+            "--target", target,
             "--control", "127.0.0.1:0",
             "--delay-ms", str(self.delay_ms),
         ]  # fmt: skip
-        proc = self.d._spawn(f"wan-back-{n}", argv)
-        line = proc.wait_line("wan.serving")
+        line = site._spawn(name, argv).wait_line("wan.serving")
         ports = re.findall(r"\('[^']*', (\d+)\)", line)
-        self.back_listen[n], self.back_control[n] = int(ports[0]), int(ports[2])
+        return int(ports[0]), int(ports[2])
 
     def d_port(self, n: int) -> int:
         """D sidecar n's link port: the one it bound, or, when the emulator

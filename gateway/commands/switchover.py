@@ -13,7 +13,9 @@ member (like ``drgate verify``) and, printing each step with its time:
 2. *drain*: waits until P's egress announces that D acknowledged the
    quiesce's own event (``AckWatermark``), so D holds everything P
    forwarded before it;
-3. *handover*: multicasts ``Switchover(HANDOVER)``.  D applies it in P's
+3. *settle* (when consumers hold messages of the closed queues): waits
+   until they settled them, since from the handover on a settlement there
+   is not applied; *handover*: multicasts ``Switchover(HANDOVER)``.  D applies it in P's
    stream, after everything before it, and is promoted over P there (its
    ``full`` replicas writable).  D then refuses P's stream, and P's egress
    records the handover (``Superseded``; the queues stay closed and the
@@ -144,6 +146,7 @@ async def _switchover(config: SidecarConfig, limit_s: float, steps: Steps) -> di
             await _abort(member, to, steps, f"{to} did not acknowledge within {limit_s:.0f} s")
             return {"switched": False, "aborted": True, "quiesced_cseq": quiesced_at}
         steps.say("drain", f"{to} holds all of {config.site} up to cseq {quiesced_at}")
+        await _settle(member, guarded, limit_s, steps)
         handover = pc.Switchover(to, pc.SwitchoverPhase.HANDOVER, _now_us())
         handover_at = await member.submit_and_wait(handover)
         steps.say("handover", f"at cseq {handover_at}: {to} is promoted when it applies it")
@@ -192,6 +195,33 @@ async def _switchover(config: SidecarConfig, limit_s: float, steps: Steps) -> di
             f"the clients to {to}. To swap back: drgate switchover at {to}",
         )
         return {**result, "switched": True, "swapped": True, "swap_cseq": swap_cseq}
+
+
+def _held(state: SiteState, queues: dict[str, None]) -> int:
+    """Messages of ``queues`` consumers hold (acquired, not settled)."""
+    return sum(len(q.acquired) for name in queues if (q := state.queues.get(name)) is not None)
+
+
+async def _settle(
+    member: AdminMember, guarded: dict[str, None], limit_s: float, steps: Steps
+) -> None:
+    """Before the handover: until consumers settled what they hold of the
+    closed queues (they acquire nothing new).  From the handover on a
+    settlement there is not applied (the site's copy must stay what D holds),
+    so a message still held then goes to D's consumers again."""
+    held = _held(member.state, guarded)
+    if not held:
+        return
+    steps.say("settle", f"waiting for consumers to settle the {held} messages they hold")
+    if await _wait(lambda: _held(member.state, guarded) == 0, limit_s):
+        steps.say("settle", "nothing held")
+        return
+    steps.say(
+        "settle",
+        f"{_held(member.state, guarded)} messages still held after {limit_s:.0f} s: handing "
+        f"over all the same; their consumers' settlements are not applied from here, and "
+        f"{member.state.cluster}'s DR site delivers them again",
+    )
 
 
 def _check_can_start(config: SidecarConfig, state: SiteState) -> None:
