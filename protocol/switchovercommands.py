@@ -19,7 +19,10 @@ class SwitchoverPhase(enum.IntEnum):
 
     ABORT = 0  # at P: the switchover ends without a handover; the queues are writable again
     QUIESCE = 1  # at P: publishes to the guarded queues are refused, nothing more acquired
-    HANDOVER = 2  # forwarded to D: D is promoted over P at this point of P's stream
+    # forwarded to D: D is promoted over P at this point of P's stream; with
+    # ``guarded`` (configs that link both ways) P expects D's SWAP and keeps
+    # those queues frozen (no acquisition, no settlement) until it comes
+    HANDOVER = 2
     # The new primary's first event, forwarded to the site that handed over to
     # it: that site becomes its DR site at this point of the new primary's
     # stream, without a resync (``guarded``: each queue of the inner

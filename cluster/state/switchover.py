@@ -101,9 +101,11 @@ def switchover(state: SiteState, cmd: Switchover, sender: Sender | None, eff: Ef
         else:
             state.count("ignored")
     elif cmd.phase == SwitchoverPhase.HANDOVER:
-        # The taps forward it to D; the guarded queues are frozen from here.
+        # The taps forward it to D.  One naming queues expects the new
+        # primary's SWAP: those are frozen from here until it comes.
         if state.switchover_to == cmd.to_cluster and not state.handover_cseq:
-            state.handover_cseq = state.cseq
+            if cmd.guarded:
+                state.handover_cseq = state.cseq
         else:
             state.count("ignored")
 
@@ -126,7 +128,10 @@ def handed_over(state: SiteState) -> bool:
 
 
 def switching(state: SiteState, queue: str) -> bool:
-    """Is ``queue`` closed by a switchover under way (not by a supersession)?"""
+    """Is ``queue`` closed by a switchover under way (not by a supersession),
+    or frozen until the new primary's ``SWAP``?"""
+    if frozen(state, queue):
+        return True
     return bool(state.switchover_to) and not state.superseded_by and queue in state.guarded
 
 

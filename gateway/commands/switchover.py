@@ -147,7 +147,10 @@ async def _switchover(config: SidecarConfig, limit_s: float, steps: Steps) -> di
             return {"switched": False, "aborted": True, "quiesced_cseq": quiesced_at}
         steps.say("drain", f"{to} holds all of {config.site} up to cseq {quiesced_at}")
         await _settle(member, guarded, limit_s, steps)
-        handover = pc.Switchover(to, pc.SwitchoverPhase.HANDOVER, _now_us())
+        # Naming the closed queues: they stay frozen until the new primary's
+        # SWAP makes this site its DR site (configs that link both ways).
+        frozen = guarded if config.reversible else {}
+        handover = pc.Switchover(to, pc.SwitchoverPhase.HANDOVER, _now_us(), frozen)
         handover_at = await member.submit_and_wait(handover)
         steps.say("handover", f"at cseq {handover_at}: {to} is promoted when it applies it")
         confirmed = await _wait(lambda: handed_over(member.state), limit_s)

@@ -515,6 +515,7 @@ class ChaosRun:
         self.log(
             f"switchover {'done' if result.get('switched') else 'not confirmed'}: window "
             f"{result.get('window_seconds')} s, {result.get('drained_cseqs')} cseqs drained"
+            + (f", swapped: {result.get('swapped')}" if self.options.reversible else "")
         )
 
     def _switch_back(self) -> None:

@@ -85,7 +85,7 @@ class Pair:
         old, new = self.primary, self.dr
         guarded = {q: None for q in ("f.q", "e.q") if q in old.state.queues}
         self.run(pc.Switchover(new.name, pc.SwitchoverPhase.QUIESCE, T, guarded))
-        self.run(pc.Switchover(new.name, pc.SwitchoverPhase.HANDOVER, T))
+        self.run(pc.Switchover(new.name, pc.SwitchoverPhase.HANDOVER, T, guarded))
         assert new.state.swapped == (new is self.d)  # the new primary flipped
         old.run(pc.Superseded(new.name, T, guarded))  # its egress, refused
         assert handed_over(old.state)
@@ -118,10 +118,27 @@ def test_a_settlement_at_p_after_its_handover_is_refused_and_the_queue_stays_as_
     held = pair.p.positions("f.q")[:2]
     pair.run(pc.Switchover("site-d", pc.SwitchoverPhase.QUIESCE, T, {"f.q": None}))
     pair.run(pc.Accept("f.q", SA, (held[0],)))  # before the handover: reaches D
-    pair.run(pc.Switchover("site-d", pc.SwitchoverPhase.HANDOVER, T))
+    pair.run(pc.Switchover("site-d", pc.SwitchoverPhase.HANDOVER, T, {"f.q": None}))
     pair.run(pc.Accept("f.q", SA, (held[1],)))  # after it: D was promoted there
     assert pair.p.ids("f.q") == pair.d.ids("f.q") == ["p-f.q-1", "p-f.q-2"]
     assert pair.p.state.counters["stale_settlements"] == 1
+    # Nothing more is acquired until the swap (a superseded site's consumers
+    # may consume again; this one's queues must stay what D holds).
+    pair.p.run(pc.Superseded("site-d", T, {"f.q": None}))
+    refused = apply(pair.p.state, pc.Acquire("f.q", SA, 1, 1), sender=A)
+    assert len(refused) == 1 and isinstance(refused[0], Refused)
+
+
+def test_a_handover_naming_no_queue_expects_no_swap_and_freezes_nothing() -> None:
+    # Configs that do not link both ways: the superseded site's consumers
+    # go on as after any promotion, and nothing waits for a SWAP.
+    pair = loaded()
+    held = pair.p.positions("f.q")[:2]
+    pair.run(pc.Switchover("site-d", pc.SwitchoverPhase.QUIESCE, T, {"f.q": None}))
+    pair.run(pc.Switchover("site-d", pc.SwitchoverPhase.HANDOVER, T))
+    pair.run(pc.Accept("f.q", SA, (held[0],)))
+    assert pair.p.state.handover_cseq == 0
+    assert pair.p.ids("f.q") == ["p-f.q-1", "p-f.q-2"]
 
 
 def test_after_a_switchover_p_is_d_s_dr_site_from_d_s_swap_without_a_resync() -> None:
