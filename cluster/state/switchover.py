@@ -33,10 +33,12 @@ egress announces D's acknowledgment of the failback's point
 (a switchover started meanwhile is aborted first, by an ``ABORT`` of its
 own).
 
-**The roles swap in place.**  From its ``HANDOVER`` on, P's guarded
-queues are frozen (``handover_cseq``: a settlement there could never reach
-D, which is promoted at that point), so D at the handover holds exactly
-P's replicated state.  Applying the handover, D becomes the primary:
+**The roles swap in place** (sidecar configs that link both ways).  Their
+``HANDOVER`` names P's closed queues, which are frozen from there
+(``handover_cseq``: no acquisition, and a settlement, which could never
+reach D, promoted at that point, is not applied), so D at the handover
+holds exactly P's replicated state; a ``HANDOVER`` naming none freezes
+nothing (the one-way switchover above).  Applying the handover, D becomes the primary:
 ``swapped`` flips, and its sidecars, if their configs can link the other
 way, tap its stream from there on.  Their first event carries a ``SWAP``
 naming each queue D replicates, with its mode and D's highest position in
@@ -118,7 +120,8 @@ def end(state: SiteState) -> None:
 
 
 def frozen(state: SiteState, queue: str) -> bool:
-    """Is ``queue`` frozen by a handover this site sent (no settlement)?"""
+    """Is ``queue`` frozen by a handover this site sent, until the new
+    primary's ``SWAP`` (no acquisition, no settlement)?"""
     return bool(state.handover_cseq) and queue in state.guarded
 
 
