@@ -102,6 +102,10 @@ def test_a_switchover_under_load_swaps_the_sites_and_a_second_one_swaps_them_bac
     assert taken["received"] == 10
     enq = d.client(1, "publish", d.amqp[1], "q-enq", "--count", "5", "--prefix", "d")
     assert enq["accepted"] == 5
+    wait_for(
+        "P's enqueue replica received D's 5",
+        lambda: queues(p.describe(2))["q-enq"]["depth"] == 5,
+    )
     refused = p.client(1, "publish", p.amqp[1], "q-full", "--count", "1", "--prefix", "late")
     assert refused["accepted"] == 0  # P's full replica is read-only now
 
