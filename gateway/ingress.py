@@ -50,7 +50,7 @@ from gateway.fencing import PartitionWatch, refusal, resume_from
 from gateway.linkconnect import describe_error, peer_address
 from gateway.linkstatus import LinkStatus
 from gateway.recoverypoint import HeartbeatPoster
-from gateway.roles import SidecarRole
+from gateway.roles import PRIMARY_ROLES, SidecarRole
 from gateway.statistics import LinkSection, ingress_link_section
 from protocol import cluster as pc
 from protocol import link
@@ -185,6 +185,12 @@ class Ingress:
     def answer_hello(self, receiver: link.LinkReceiver, hello: link.Hello) -> tuple[bytes, bool]:
         """The answer to a HELLO, and whether it accepts the link."""
         site = self.config.site
+        # Only the active ingress judges a stream (a standby's state may lag),
+        # but any sidecar of a site that is the primary now tells an old one.
+        not_active = self.not_active()
+        if not_active is not None and self._role() not in PRIMARY_ROLES:
+            code = int(link.LinkErrorCode.NOT_ACTIVE)
+            return receiver.refuse(code, not_active, retriable=True), False
         if hello.target_cluster != site or hello.origin_cluster != self.config.peer_cluster:
             text = (
                 f"this is {site}, expecting a stream from {self.config.peer_cluster}; "
@@ -192,15 +198,11 @@ class Ingress:
             )
             code = int(link.LinkErrorCode.WRONG_CLUSTER)
             return receiver.refuse(code, text, retriable=False), False
-        # Refusals for good first: every sidecar of the site holds the same
-        # state, and a site that took the primary's role by a handover
-        # (its sidecars egress and standbys now) must tell the old primary.
         fenced = self.fence_reason(hello)
         if fenced is not None:
             code, text = fenced
             self.status.last_error = f"ingress: refused {hello.origin_cluster}: {text}"
             return receiver.refuse(code, text, retriable=False), False
-        not_active = self.not_active()
         if not_active is not None:
             code = int(link.LinkErrorCode.NOT_ACTIVE)
             return receiver.refuse(code, not_active, retriable=True), False

@@ -36,6 +36,10 @@ class SidecarRole(StrEnum):
     INGRESS_STANDBY = "ingress-standby"  # D: refuses links, names the active one
 
 
+# The roles of a sidecar whose site is the primary now.
+PRIMARY_ROLES = (SidecarRole.EGRESS, SidecarRole.STANDBY)
+
+
 def active_sidecar(state: SiteState, membership: Membership | None) -> MemberId | None:
     """The active sidecar of the site: of the ready sidecars in the view, the
     one ready longest (``state.ready`` keeps the order of the ``MemberReady``

@@ -46,7 +46,14 @@ from gateway.egress import Connector, Egress
 from gateway.ingress import Ingress
 from gateway.linkconnect import open_link
 from gateway.peerswatch import PeersWatcher
-from gateway.roles import RoleSignal, SidecarRole, active_sidecar, role_of, runs_as_primary
+from gateway.roles import (
+    PRIMARY_ROLES,
+    RoleSignal,
+    SidecarRole,
+    active_sidecar,
+    role_of,
+    runs_as_primary,
+)
 from gateway.ruleswatch import POLL_S as RULES_POLL_S
 from gateway.ruleswatch import RulesWatcher
 from gateway.sidecarconfig import SidecarConfig
@@ -460,7 +467,7 @@ class Sidecar(NullObserver):
                 peers = self.peers_watch.poll(self.egress.peers)
                 if peers is not None:
                     self.egress.set_peers(peers)
-            if self.current_role() not in (SidecarRole.EGRESS, SidecarRole.STANDBY):
+            if self.current_role() not in PRIMARY_ROLES:
                 continue  # not from a minority, nor before the state is here
             payload = watcher.poll(self.tap.rules)
             if payload is not None:
