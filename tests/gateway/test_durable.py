@@ -83,8 +83,14 @@ def test_primary_killed_whole_while_publishing_recovers_all_it_settled(two: TwoS
             f"D holds {queue}'s transient messages",
             lambda queue=queue: converged(two, queue=queue),  # type: ignore[misc]
         )
+    # Paced to last about five seconds whatever the machine's speed: the kill
+    # must land in the middle (unpaced, a fast ring once had one queue's
+    # whole load settled before the site was down).
+    rate = str(total // 5)
     publishers = {
-        q: two.p.client_popen(1, "publish", two.p.amqp[1], q, "--count", str(total), "--durable")
+        q: two.p.client_popen(
+            1, "publish", two.p.amqp[1], q, "--count", str(total), "--durable", "--rate", rate
+        )
         for q in MODES
     }
     lab.wait_for(
