@@ -23,6 +23,9 @@ publish          ``full``/``enqueue``: one ``Enqueue`` per routed queue, with
                  P's ``pos``; per-message rules may drop it (size, header)
 accept / purge   ``full`` only: a ``Dequeue`` of P's positions
 switchover       always, as ``wiring``: D is promoted at a ``HANDOVER`` naming it
+swap             the first event of a site that became the primary by a
+                 handover (:meth:`Tap.swap_event`): a ``SWAP`` per mode, naming
+                 the queues and this site's highest position in each
 verify point     ``full``/``enqueue`` (every message forwarded): a ``Verify``
                  of what the queue holds (depth and content digest) or
                  received (its newest and last positions), for D to compare
