@@ -497,12 +497,7 @@ class ChaosRun:
         it hands P's role to D, or aborts (nothing drained in time) and P
         stays the primary; a handover it could not confirm is switched back
         all the same."""
-        p = self.two.p
-        done = p.drgate(
-            1, "switchover", "--config", str(p.workdir / "sidecar-1.yaml"),
-            "--timeout", str(SWITCHOVER_TIMEOUT_S), "--json",
-            timeout=3 * SWITCHOVER_TIMEOUT_S + 60,  # its drain, its confirmation, its bus
-        )  # fmt: skip
+        done = self._switchover_at(self.two.p)
         try:
             result = json.loads(done.stdout)
         except ValueError:
@@ -551,21 +546,23 @@ class ChaosRun:
         self.switched = False
         self.log(f"switched back: P is the primary again at epoch {epoch}")
 
+    @staticmethod
+    def _switchover_at(site: BrokerSite) -> subprocess.CompletedProcess[str]:
+        """``drgate switchover --json`` at ``site`` with its node 1's config."""
+        return site.drgate(
+            1, "switchover", "--config", str(site.workdir / "sidecar-1.yaml"),
+            "--timeout", str(SWITCHOVER_TIMEOUT_S), "--json",
+            timeout=3 * SWITCHOVER_TIMEOUT_S + 60,  # its drain, its confirmation, its bus
+        )  # fmt: skip
+
     def _switch_over_back(self) -> None:
         """``drgate switchover`` at D, again until it swaps the sites back
         (it aborts while the WAN or a fault keeps D from draining to P, and
         refuses to start until D's egress reached P)."""
-        d = self.two.d
         tries: list[subprocess.CompletedProcess[str]] = []
 
         def swapped_back() -> bool:
-            tries.append(
-                d.drgate(
-                    1, "switchover", "--config", str(d.workdir / "sidecar-1.yaml"),
-                    "--timeout", str(SWITCHOVER_TIMEOUT_S), "--json",
-                    timeout=3 * SWITCHOVER_TIMEOUT_S + 60,
-                )
-            )  # fmt: skip
+            tries.append(self._switchover_at(self.two.d))
             with contextlib.suppress(ValueError):
                 return bool(json.loads(tries[-1].stdout).get("switched"))
             return False
