@@ -46,6 +46,8 @@ class QueueContent:
     args: dict[str, Value]
     binds: list[pc.Bind]
     messages: list[Message]
+    replica_of: str = ""
+    """The site it is a replica of here ("": a queue of this site's own)."""
 
     def wiring(self) -> list[pc.Command]:
         """The declare, then the bindings."""
@@ -92,4 +94,7 @@ def queue_content(
         else []
     )
     held = list(q.messages.values()) if messages and decision.mode in MESSAGE_MODES else []
-    return QueueContent(q.name, decision.target_name, decision.mode, dict(q.args), bound, held)
+    origin = "" if q.replica is None else q.replica.origin
+    return QueueContent(
+        q.name, decision.target_name, decision.mode, dict(q.args), bound, held, origin
+    )

@@ -117,6 +117,7 @@ class Egress:
         self.status = LinkStatus()
         self.acked_seq = 0
         self._refusal = ""  # the last non-retriable refusal by D, until a WELCOME
+        self._delta_attempts = 0  # resyncs by delta since D acked a cut (rs.delta_holdings)
         self.partitioned = False  # that refusal says D is a primary too (split brain)
         self._force_resync = False  # D found a gap: resync until a cut is acked
         self._resync_requested = False  # resync on the link that is up
@@ -378,7 +379,7 @@ class Egress:
         # gap in what the spool sent: a snapshot cut at our cseq.
         spool = self._spool_now()
         if self._force_resync or ev.resume_from == 0 or spool.needs_resync(ev.resume_from):
-            session.last_queued = self._begin_resync(session, ev.resume_from)
+            session.last_queued = self._begin_resync(session, ev.resume_from, ev.holdings)
         log.info("egress: link up to %s, resuming after %d", session.address, session.last_queued)
 
     def _acked(self, ev: link.Acked) -> None:
@@ -388,6 +389,7 @@ class Egress:
             if ev.seq >= resync.cut:
                 resync.active = False
                 self._force_resync = False
+                self._delta_attempts = 0
                 log.info("egress: resync cut at %d applied by D", ev.seq)
         self._acked_up_to(ev.seq)
 
@@ -396,9 +398,10 @@ class Egress:
         self._spool_now().trim(seq)
         self._watermark.announce(self.acked_seq)
 
-    def _begin_resync(self, session: _Session, resume: int) -> int:
+    def _begin_resync(self, session: _Session, resume: int, holdings: bytes = b"") -> int:
         """Start a resync snapshot cut at the current cseq; returns the cut.
-        Its chunks are made as the window takes them (:meth:`_queue_resync`)."""
+        Its chunks are made as the window takes them (:meth:`_queue_resync`).
+        ``holdings``: what D holds (a failback by delta), left out of it."""
         self._resync_requested = False
         state, rules = self.member.state, self.tap.rules
         plan = rs.plan_snapshot(state, rules)  # synchronous: the cut
@@ -411,8 +414,16 @@ class Egress:
             plan.messages,
         )
         session.resync = rs.SnapshotStream(
-            plan, rules, origin=self.config.site, epoch=self.tap.epoch, time_us=_now_us()
+            plan,
+            rules,
+            origin=self.config.site,
+            epoch=self.tap.epoch,
+            time_us=_now_us(),
+            holdings=rs.delta_holdings(holdings, self._delta_attempts),
+            peer=self.config.peer_cluster,
         )
+        if session.resync.holdings is not None:
+            self._delta_attempts += 1  # until D acknowledges a cut
         self.status.resync.begin(chunks=0, cut=plan.cut)
         self.status.resync.messages = plan.messages
         session.sender.begin_resync(plan.cut)
@@ -432,19 +443,14 @@ class Egress:
         if chunk is None:
             sender.end_resync()
             session.resync = None
-            log.info(
-                "egress: resync cut at %d sent: %d chunks, %d bytes, %d messages",
-                stream.plan.cut,
-                stream.chunks_done,
-                stream.bytes_done,
-                stream.messages_done,
-            )
+            log.info("egress: resync cut at %d sent: %s", stream.plan.cut, stream.summary())
             return
         sender.send_chunk(chunk)
         progress = self.status.resync
         progress.bytes_total += len(chunk)
         progress.chunks = stream.chunks_done
         progress.messages_done = stream.messages_done
+        progress.messages_kept, progress.bytes_kept = stream.messages_kept, stream.bytes_kept
 
     # ------------------------------------------------------------------
 

@@ -207,11 +207,11 @@ class Ingress:
             code = int(link.LinkErrorCode.NOT_ACTIVE)
             return receiver.refuse(code, not_active, retriable=True), False
         resume = resume_from(self.member.state, hello)
-        self.status.state = "up"
-        self.status.peer = hello.origin_cluster
+        self.status.state, self.status.peer = "up", hello.origin_cluster
         log.info("ingress: link up from %s, resuming after %d", hello.origin_cluster, resume)
         window = min(hello.window_bytes, self.config.link.window_bytes)
-        return receiver.accept(resume, window, trio.current_time()), True
+        held = rs.welcome_holdings(self.member.state, hello.origin_cluster, resume)
+        return receiver.accept(resume, window, trio.current_time(), holdings=held), True
 
     def not_active(self) -> str | None:
         """Why this sidecar takes no link (it is not the active ingress), or None."""

@@ -24,6 +24,10 @@ class ResyncProgress:
     messages: int = 0  # messages in the last snapshot sent
     messages_done: int = 0  # of those, encoded and sent so far (egress)
     cut: int = 0  # the running resync's cut
+    # A failback by delta (egress): messages of the last snapshot the peer
+    # held and so were not sent, and what their Enqueues would have taken.
+    messages_kept: int = 0
+    bytes_kept: int = 0
 
     def begin(self, *, chunks: int, cut: int = 0) -> None:
         self.total += 1
@@ -31,6 +35,7 @@ class ResyncProgress:
         self.chunks = chunks
         self.chunks_done = 0
         self.messages_done = 0
+        self.messages_kept = self.bytes_kept = 0
         self.cut = cut
 
     @property

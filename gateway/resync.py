@@ -29,11 +29,20 @@ What the snapshot holds: the exchanges, then per queue whose mode is not
 and ``enqueue`` queues the messages the per-message rules forward).  D
 applies ``enqueue`` messages only above its ``high_pos`` mark for the queue,
 so nothing D's consumers took comes back.
+
+**A failback by delta** (docs/operations.md): the site the resync goes to
+was the primary before a forced failover, and its WELCOME says what it holds
+(:func:`holdings_of`, protocol/holdings.py).  The stream then leaves out
+what it has: in a ``full`` queue each run of messages it holds becomes one
+``Keep`` (positions here and there, count, digest), and an ``enqueue`` queue
+carries only the messages it never had (its own messages, which its
+consumers may have taken since, are not sent back).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -42,14 +51,25 @@ import trio
 
 from cluster.bus import BusConfig, open_bus
 from cluster.member import BusOpener, NullObserver, SiteMember
+from cluster.state.digests import kept_digest
+from cluster.state.effects import Message
 from cluster.state.model import Origin, SiteState
 from cluster.state.views import applied
 from filters.matcher import RuleSet
 from gateway.content import QueueContent, queue_content
 from protocol import cluster as pc
 from protocol.errors import DrgateError, RemoteProtocolError
+from protocol.holdings import (
+    Held,
+    Holdings,
+    pack_holdings,
+    ranges_of,
+    unpack_holdings_untrusted,
+)
 from protocol.modes import Mode, Role
 from protocol.snapshotrecords import encode_snapshot_record, iter_snapshot_untrusted
+
+log = logging.getLogger("drgate.sidecar")
 
 # Bytes of encoded commands per snapshot record (one bus frame): the size the
 # bus itself batches to, so decoding one never holds up the applier long.
@@ -58,6 +78,11 @@ RECORD_MAX_COMMANDS = 1000
 # Bytes per link resync chunk (and so per ResyncStage on D's bus): an eighth
 # of the default 8 MiB window, so the window holds several chunks in flight.
 CHUNK_BYTES = 1024 * 1024
+# The most messages one Keep stands for (a staging step's work stays small).
+KEEP_MAX_MESSAGES = 10_000
+# Resyncs by delta (a failback) tried before a whole one: a link lost on the
+# way is retried as a delta, a delta D cannot stage is not retried forever.
+DELTA_ATTEMPTS = 3
 # ERROR code a D ingress sends when P is an incarnation D has not accepted.
 # Codes 20-39 are "the operator must look"; 23 is the next free one.
 NEW_INCARNATION_CODE = 23
@@ -113,8 +138,15 @@ class SnapshotStream:
         epoch: int,
         time_us: int,
         chunk_bytes: int = CHUNK_BYTES,
+        holdings: Holdings | None = None,
+        peer: str = "",
     ) -> None:
         self.plan = plan
+        # What ``peer``, the receiving site, holds (a failback by delta).
+        self.holdings = holdings
+        self.peer = peer
+        self.messages_kept = 0  # messages left out because the peer holds them
+        self.bytes_kept = 0  # what their Enqueues would have taken
         self.chunk_bytes = chunk_bytes
         self.record_bytes = min(RECORD_MAX_BYTES, chunk_bytes)
         self.messages_done = 0  # messages encoded so far (progress)
@@ -144,6 +176,18 @@ class SnapshotStream:
         self.chunks_done += 1
         self.bytes_done += size
         return b"".join(parts)
+
+    def summary(self) -> str:
+        """What was sent, for the log."""
+        kept = (
+            f" ({self.messages_kept} held by the peer not sent, {self.bytes_kept} bytes)"
+            if self.holdings is not None
+            else ""
+        )
+        return (
+            f"{self.chunks_done} chunks, {self.bytes_done} bytes, "
+            f"{self.messages_done} messages{kept}"
+        )
 
     def chunks(self) -> Iterator[bytes]:
         """Every chunk, in order."""
@@ -180,6 +224,12 @@ class SnapshotStream:
             for cmd in q.wiring():
                 if add(q.mode, cmd):
                     yield record()
+            if self.holdings is not None:
+                held = self.holdings.get(q.target, Held())
+                for cmd, nbytes in self._delta(q, held, rules):
+                    if add(q.mode, cmd, nbytes):
+                        yield record()
+                continue
             for m in q.messages:
                 self.messages_done += 1
                 enqueue = q.enqueue(rules, m)
@@ -187,6 +237,102 @@ class SnapshotStream:
                     yield record()
         if commands:
             yield record()
+
+    def _delta(
+        self, q: QueueContent, held: Held, rules: RuleSet
+    ) -> Iterator[tuple[pc.Command, int]]:
+        """``q``'s messages for a peer that holds ``held`` of it: an
+        ``Enqueue`` for each it lacks, a ``Keep`` for each run it holds
+        (``full``), nothing for what it has or had (``enqueue``)."""
+        run: list[Message] = []
+        run_at = (False, 0)  # the run's kind and first position at the peer
+        run_bytes = 0
+
+        def keep() -> tuple[pc.Command, int]:
+            nonlocal run_bytes
+            cmd = pc.Keep(
+                q.target, run[0].pos, run_at[1], len(run), run_at[0], run_bytes, kept_digest(run)
+            )
+            self.messages_kept += len(run)
+            self.bytes_kept += run_bytes
+            run.clear()
+            run_bytes = 0
+            return cmd, 64
+
+        for m in q.messages:
+            self.messages_done += 1
+            enqueue = q.enqueue(rules, m)
+            if enqueue is None:
+                continue
+            # The peer's own message (it came from there), or this site's.
+            theirs = q.replica_of == self.peer and m.origin_pos != 0
+            replicated, at = (False, m.origin_pos) if theirs else (True, m.pos)
+            holds = (theirs or not m.origin_pos) and held.holds(at, replicated=replicated)
+            if q.mode != Mode.FULL:
+                if not (theirs or holds):
+                    yield enqueue, len(m.body) + 64
+                continue
+            follows = (
+                run
+                and run_at[0] == replicated
+                and m.pos == run[-1].pos + 1
+                and at == run_at[1] + len(run)
+                and len(run) < KEEP_MAX_MESSAGES
+            )
+            if run and not (holds and follows):
+                yield keep()
+            if not holds:
+                yield enqueue, len(m.body) + 64
+                continue
+            if not run:
+                run_at = (replicated, at)
+            run.append(m)
+            _kind, key, rest = pc.encode_command(enqueue)
+            run_bytes += len(key) + len(rest)
+        if run:
+            yield keep()
+
+
+def delta_holdings(holdings: bytes, attempts: int) -> Holdings | None:
+    """The holdings a WELCOME announced, to leave out of the resync; None
+    for a whole one: none announced, unreadable, or ``attempts`` resyncs by
+    delta did not take already."""
+    if not holdings:
+        return None
+    if attempts >= DELTA_ATTEMPTS:
+        log.warning("egress: %d resyncs by delta did not take; sending a whole one", attempts)
+        return None
+    try:
+        return unpack_holdings_untrusted(holdings)
+    except RemoteProtocolError as exc:
+        log.warning("egress: %s; sending a whole resync", exc)
+        return None
+
+
+def welcome_holdings(state: SiteState, peer: str, resume: int) -> bytes:
+    """What a WELCOME to ``peer``'s stream, resuming after ``resume``,
+    announces: this site's holdings when it rejoins as ``peer``'s DR site
+    and is resynced (a failback by delta), else nothing."""
+    if state.rejoining != peer or resume:
+        return b""
+    return pack_holdings(holdings_of(state, peer))
+
+
+def holdings_of(state: SiteState, peer: str) -> Holdings:
+    """What this site holds, for ``peer``'s resync of it (a failback by
+    delta): per queue with messages (not a replica of a third site), the
+    positions of its own messages and the origin positions of those it
+    holds from ``peer``."""
+    holdings: Holdings = {}
+    for q in state.queues.values():
+        if not q.messages or (q.replica is not None and q.replica.origin != peer):
+            continue
+        msgs = q.messages.values()
+        holdings[q.name] = Held(
+            ranges_of(m.pos for m in msgs if not m.origin_pos),
+            ranges_of(m.origin_pos for m in msgs if m.origin_pos),
+        )
+    return holdings
 
 
 # --------------------------------------------------------------------------

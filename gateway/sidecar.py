@@ -252,10 +252,11 @@ class Sidecar(NullObserver):
         """The site's role flipped at this command (only for a reversible
         config).  Becoming the primary by the other site's handover (applied
         here): a new spool, whose first event is the ``SWAP`` that makes the
-        other site its DR site; by a failback (the handover undone): a new
-        spool from here, and D is resynced as after any failback.  Becoming
-        the DR site (it handed over, or a failback at D ended the role the
-        handover gave it): the spool is done with, nothing is tapped."""
+        other site its DR site; by a failback (the handover undone) or a
+        failback by delta's ``ADOPT``: a new spool from here, and the other
+        site is resynced.  Becoming the DR site (it handed over, a failback
+        at D ended the role the handover gave it, or a failback by delta's
+        ``REJOIN``): the spool is done with, nothing is tapped."""
         primary = self._was_primary = self.primary
         self._discard_spool()
         state, site, peer = self.state, self.config.site, self.config.peer_cluster
@@ -281,7 +282,7 @@ class Sidecar(NullObserver):
         else:
             self.tap.resync_rules(state)
             self.spool = self._open_spool()
-            log.info("sidecar: %s is the primary again from cseq %d", site, state.cseq)
+            log.info("sidecar: %s is the primary from cseq %d; %s resyncs", site, state.cseq, peer)
         self._roles_may_have_changed()
 
     def _discard_spool(self) -> None:

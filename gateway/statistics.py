@@ -139,6 +139,8 @@ class ResyncSection:
     bytes_total: int
     messages: int
     chunks_done: int = 0
+    messages_kept: int = 0  # a failback by delta: not sent, the peer held them
+    bytes_kept: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +394,8 @@ def sidecar_snapshot(sidecar: Sidecar) -> SidecarStatistics:
             bytes_total=resync.bytes_total,
             messages=resync.messages,
             chunks_done=resync.chunks_done,
+            messages_kept=resync.messages_kept,
+            bytes_kept=resync.bytes_kept,
         ),
         tap=sidecar.tap.statistics() if sidecar.primary else None,
         spool=None if sidecar.spool is None else sidecar.spool.statistics(),

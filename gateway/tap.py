@@ -93,6 +93,13 @@ _KIND_NAMES: dict[int, str] = {int(k): k.name for k in pc.Kind}
 # a bigger one is sent by a resync (see Tap.on_command), which has no cap.
 SWITCH_EVENT_MAX_MESSAGES = 10_000
 SWITCH_EVENT_MAX_BYTES = 4 * 1024 * 1024
+# The switchover's steps D applies in the stream (a failback by delta's steps
+# concern only the site that takes them).
+FORWARDED_PHASES = (
+    pc.SwitchoverPhase.ABORT,
+    pc.SwitchoverPhase.QUIESCE,
+    pc.SwitchoverPhase.HANDOVER,
+)
 
 
 class Tap:
@@ -173,7 +180,7 @@ class Tap:
             self.epoch = state.epoch  # the events from here on carry it
         elif isinstance(cmd, pc.VerifyPoint):
             self._verify(state, items)
-        elif isinstance(cmd, pc.Switchover):
+        elif isinstance(cmd, pc.Switchover) and cmd.phase in FORWARDED_PHASES:
             # In the stream, so D applies a handover after all P forwarded
             # before it, and the drain can wait for the quiesce's own cseq.
             items.append((Mode.WIRING, cmd))

@@ -79,6 +79,7 @@ from protocol.durablecommands import have_ranges_untrusted as have_ranges_untrus
 from protocol.durablecommands import pack_have_ranges as pack_have_ranges  # noqa: PLC0414
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.modes import Mode, Role
+from protocol.resynccommands import Keep as Keep  # noqa: PLC0414
 from protocol.resynccommands import ResyncApply as ResyncApply  # noqa: PLC0414
 from protocol.resynccommands import ResyncCommit as ResyncCommit  # noqa: PLC0414
 from protocol.resynccommands import ResyncStage as ResyncStage  # noqa: PLC0414
@@ -590,6 +591,7 @@ Command: TypeAlias = (
     | VerifyPoint
     | Verify
     | Switchover
+    | Keep
 )
 
 if set(_CODECS) != {int(k) for k in Kind}:  # pragma: no cover - a kind without a command

@@ -94,6 +94,7 @@ class Kind(enum.IntEnum):
     VERIFY_POINT = 37
     VERIFY = 38
     SWITCHOVER = 39
+    KEEP = 40
 
 
 class ExchangeType(enum.IntEnum):

@@ -1,7 +1,9 @@
 """The bus commands of a resync (docs/architecture.md, the link and its
 resync snapshot): a snapshot of an origin's replicated queues staged in pieces
 (``ResyncStage``) and installed at one point of the stream
-(``ResyncCommit``), or applied whole (``ResyncApply``).  Declared like every
+(``ResyncCommit``), or applied whole (``ResyncApply``); inside a snapshot, a
+``Keep`` stands for messages the receiving site holds already (a failback
+by delta).  Declared like every
 other command (protocol/commandcodec.py) and re-exported by
 :mod:`protocol.cluster`."""
 
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from construct import Int32ub, Int64ub
+from construct import Flag, Int32ub, Int64ub
 
 from protocol.commandcodec import Body, Kind, _command, _CommandBase
 
@@ -108,3 +110,38 @@ class ResyncCommit(_CommandBase):
     epoch: int
     origin_time_us: int
     pieces: int
+
+
+# key=queue  meta: pos u64 | held_pos u64 | count u32 | replicated u8 | nbytes u64
+#            tail: digest (8 bytes)
+@_command(
+    Kind.KEEP,
+    key="queue",
+    meta=[
+        ("pos", Int64ub),
+        ("held_pos", Int64ub),
+        ("count", Int32ub),
+        ("replicated", Flag),
+        ("nbytes", Int64ub),
+    ],
+    tail="digest",
+)
+@dataclass(frozen=True, slots=True)
+class Keep(_CommandBase):
+    """Inside a resync snapshot sent to a site that announced what it holds
+    (a failback by delta, docs/operations.md): ``count`` messages of
+    ``queue`` at the sender's positions ``pos``.., which the receiving site
+    holds already and so are not shipped.  It holds them at its positions
+    ``held_pos``.. as its own messages, or, ``replicated``, as messages
+    replicated from the sender at those origin positions.  ``digest``
+    (gateway/resync.py ``kept_digest``) covers their ids, properties and
+    bodies: the receiver checks it before it stages them; ``nbytes`` is what
+    their ``Enqueue`` commands would have taken (the bytes not shipped)."""
+
+    queue: str
+    pos: int
+    held_pos: int
+    count: int
+    replicated: bool
+    nbytes: int
+    digest: Body = b""

@@ -28,6 +28,14 @@ class SwitchoverPhase(enum.IntEnum):
     # stream, without a resync (``guarded``: each queue of the inner
     # command's mode, to the new primary's highest position in it).
     SWAP = 3
+    # A failback by delta, after a forced promotion (docs/operations.md):
+    # at the site ``to_cluster`` was promoted over, it becomes that site's DR
+    # site, brought to its state by a resync that ships only what it lacks
+    # (``guarded``: the queues it closes meanwhile) ...
+    REJOIN = 4
+    # ... and at the promoted site, it takes the primary's role for the site
+    # it was promoted over, which the resync will make its DR site.
+    ADOPT = 5
 
 
 # key=the DR site handed over to  meta: phase u8 | time_us u64 | guarded map

@@ -814,8 +814,13 @@ def _set_epoch(state: SiteState, cmd: SetEpoch, sender: Sender | None, eff: Effe
 
 def _superseded(state: SiteState, cmd: Superseded, sender: Sender | None, eff: Effects) -> None:
     """``cmd.by_cluster`` was promoted over this site: publishes to the
-    guarded queues are refused from now on (see ``_publish``)."""
-    if state.superseded_by:
+    guarded queues are refused from now on (see ``_publish``).  Not by a
+    site this one replaced by a failover (a stale claim: after a failback
+    by delta's ``ADOPT`` that old primary refuses this site's stream until
+    it rejoins)."""
+    o = state.origins.get(cmd.by_cluster)
+    replaced = o is not None and o.promoted and cmd.by_cluster not in state.handovers
+    if state.superseded_by or (replaced and state.switchover_to != cmd.by_cluster):
         state.count("ignored")  # the first report stands until SetEpoch
         return
     state.superseded_by = cmd.by_cluster

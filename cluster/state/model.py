@@ -400,6 +400,12 @@ COUNTERS: tuple[str, ...] = (
     "resync_pieces_staged",
     "resync_pieces_refused",
     "resync_commits_refused",
+    # a failback by delta: snapshot bytes staged, messages kept instead of
+    # shipped and what they would have taken, Keeps that did not match
+    "resync_bytes_staged",
+    "resync_kept_messages",
+    "resync_kept_bytes",
+    "resync_keep_refused",
     # local commands
     "refused",
     "max_depth_refused",
@@ -482,6 +488,7 @@ class SiteState:
         "recoveries",
         "recovery_expect",
         "recovery_winner",
+        "rejoining",
         "reported",
         "rules",
         "rules_cseq",
@@ -532,6 +539,11 @@ class SiteState:
         # swap): ``guarded`` stays closed to publishes, whose clients belong
         # at that primary, until this site is the primary again.
         self.handed_to = ""
+        # A failback by delta here (Switchover REJOIN): the primary this site
+        # becomes the DR site of, until that site's resync is installed;
+        # ``guarded`` is frozen meanwhile, and this site's ingress tells that
+        # primary what it holds (cluster/state/switchover.py).
+        self.rejoining = ""
         # At a DR site: the origins promoted over by their own handover (not a
         # split brain when they knock), until a failback.
         self.handovers: dict[str, None] = {}

@@ -25,12 +25,22 @@ re-created with the origin's messages and positions; ``enqueue`` and
 take only messages above their ``high_pos`` mark (so nothing this site's
 consumers took comes back), the mark starting again from 0 when the
 incarnation is new to this site.  ``applied[incarnation]`` becomes the cut.
+
+**A failback by delta** (cluster/state/switchover.py, ``REJOIN``): the site
+that rejoins as the origin's DR site announced what it holds, and the
+origin's snapshot carries a ``Keep`` for runs of messages it holds instead
+of their ``Enqueue``: staging takes this site's own copies (checked against
+the ``Keep``'s digest; one that does not match, or a message gone, drops the
+staging like a bad piece).  At the install this site's own queues that the
+snapshot names become replicas of the origin first, so they are replaced or
+kept like any replica.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from cluster.state.digests import kept_digest
 from cluster.state.effects import (
     Effects,
     Enqueued,
@@ -43,11 +53,13 @@ from cluster.state.merge import admit, record_applied
 from cluster.state.model import Queue, SiteState, StagedQueue, StagedResync
 from cluster.state.queues import delete_queue, drop_bindings_to
 from cluster.state.replica import r_bind, r_exchange_declare, r_queue_declare, replica_of
+from cluster.state.switchover import rejoin_done
 from protocol.cluster import (
     Bind,
     Command,
     Enqueue,
     ExchangeDeclare,
+    Keep,
     QueueDeclare,
     Replicated,
     ResyncApply,
@@ -77,6 +89,7 @@ def resync_stage(state: SiteState, cmd: ResyncStage, sender: Sender | None, eff:
         state.staged.pop(origin, None)
         state.count("resync_pieces_refused")
         return
+    state.count("resync_bytes_staged", len(cmd.records))
     if not stage_records(state, staged, cmd.records):
         state.staged.pop(origin, None)
         return
@@ -172,6 +185,7 @@ def stage_records(state: SiteState, staged: StagedResync, records: bytes | memor
     except DrgateError:
         state.count("ignored")
         return False
+    by_origin: dict[str, dict[int, Message]] = {}  # per queue, for the Keeps
     for record in commands:
         for mode, inner in zip(record.modes, record.commands, strict=False):
             if isinstance(inner, Enqueue):
@@ -190,6 +204,15 @@ def stage_records(state: SiteState, staged: StagedResync, records: bytes | memor
                         inner.pos,
                     )
                 )
+            elif isinstance(inner, Keep):
+                q = staged.queues.get(inner.queue)
+                kept = None if q is None else _kept(state, inner, by_origin)
+                if q is None or kept is None:
+                    state.count("resync_keep_refused")
+                    return False
+                q.messages.extend(kept)
+                state.count("resync_kept_messages", inner.count)
+                state.count("resync_kept_bytes", inner.nbytes)
             elif isinstance(inner, ExchangeDeclare):
                 staged.exchanges[inner.exchange] = inner
             elif isinstance(inner, QueueDeclare):
@@ -201,9 +224,37 @@ def stage_records(state: SiteState, staged: StagedResync, records: bytes | memor
     return True
 
 
+def _kept(
+    state: SiteState, keep: Keep, by_origin: dict[str, dict[int, Message]]
+) -> list[Message] | None:
+    """This site's copies of the messages ``keep`` stands for, at the
+    origin's positions, or None if it does not hold them all as the digest
+    says (a message taken or changed since it announced them).
+    ``by_origin``: the queues' messages by origin position, as needed."""
+    q = state.queues.get(keep.queue)
+    if q is None:
+        return None
+    if keep.replicated:
+        index = by_origin.get(keep.queue)
+        if index is None:
+            index = {m.origin_pos: m for m in q.messages.values() if m.origin_pos}
+            by_origin[keep.queue] = index
+        held = [index.get(keep.held_pos + i) for i in range(keep.count)]
+    else:
+        held = [q.messages.get(keep.held_pos + i) for i in range(keep.count)]
+    mine = [m for m in held if m is not None]
+    if len(mine) != keep.count or kept_digest(mine) != bytes(keep.digest):
+        return None
+    return [
+        Message(keep.pos + i, m.body, m.message_id, m.properties, int(m.redelivered), keep.pos + i)
+        for i, m in enumerate(mine)
+    ]
+
+
 def _install(
     state: SiteState, origin: str, staged: StagedResync, time_us: int, eff: Effects
 ) -> None:
+    rejoin_done(state, origin, {q.declare.queue: q.mode for q in staged.queues.values()})
     o = state.origins[origin]
     new_incarnation = staged.incarnation not in o.applied
     for name in [

@@ -44,6 +44,8 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
                   | handover_cseq u64 | swapped u8 | handed_to str16  (a
                                                handover sent, the roles swapped, the
                                                primary swapped with; from version 8)
+                  | rejoining str16  (a failback by delta under way; from
+                                               version 9)
     origin     := name str16 | incarnation u64 | epoch u32 | promoted u8
                   | promoted_time_us u64 | last_time_us u64 | last_cseq u64
                   | refused_incarnation u64 | u32 n | n x (incarnation u64 | cseq u64)
@@ -123,8 +125,9 @@ MAGIC = b"DRGS"
 # waiting for its DR site (earlier versions read as none).  7: the queues
 # that failback waits on (version 6 read as its guarded queues).  8: the
 # handover's cseq and the sites' roles swapped (earlier versions: neither).
-SNAPSHOT_VERSION = 8
-_READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, SNAPSHOT_VERSION)
+# 9: a failback by delta under way (earlier versions: none).
+SNAPSHOT_VERSION = 9
+_READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, 8, SNAPSHOT_VERSION)
 
 _HEAD = struct.Struct(">4sHH")
 _U8 = struct.Struct(">B")
@@ -374,6 +377,7 @@ def _snapshot(
         _str16(out, name)
     out.append(_U64.pack(state.handover_cseq) + _U8.pack(int(state.swapped)))
     _str16(out, state.handed_to)
+    _str16(out, state.rejoining)
     try:
         return b"".join(out)
     except TypeError as exc:  # pragma: no cover - a body that is not bytes
@@ -687,6 +691,8 @@ def _restore(r: _Reader, bodies: SiteState | None) -> SiteState:
         st.handover_cseq = r.u64()
         st.swapped = r.flag("the roles swapped")
         st.handed_to = r.str16()
+    if version >= 9:
+        st.rejoining = r.str16()
     if r.off != len(data):
         raise RemoteProtocolError(f"snapshot has {len(data) - r.off} trailing bytes")
     for q in st.queues.values():

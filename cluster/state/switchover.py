@@ -56,7 +56,7 @@ import time
 
 from cluster.state.effects import Effects, Promoted, Sender
 from cluster.state.merge import origin_record
-from cluster.state.model import Replica, SiteState
+from cluster.state.model import Queue, Replica, SiteState
 from cluster.state.queues import forget_hold
 from protocol.cluster import Replicated, Switchover, SwitchoverPhase
 from protocol.modes import Mode
@@ -71,6 +71,7 @@ __all__ = [
     "failing_back",
     "guard_text",
     "handover",
+    "rejoin_done",
     "swap_in",
     "swapped_text",
     "swapping",
@@ -102,6 +103,10 @@ def switchover(state: SiteState, cmd: Switchover, sender: Sender | None, eff: Ef
             state.guarded, state.failback_queues = {}, {}
         else:
             state.count("ignored")
+    elif cmd.phase == SwitchoverPhase.REJOIN:
+        rejoin(state, cmd)
+    elif cmd.phase == SwitchoverPhase.ADOPT:
+        adopt(state, cmd)
     elif cmd.phase == SwitchoverPhase.HANDOVER:
         # The taps forward it to D.  One naming queues expects the new
         # primary's SWAP: those are frozen from here until it comes.
@@ -121,8 +126,9 @@ def end(state: SiteState) -> None:
 
 def frozen(state: SiteState, queue: str) -> bool:
     """Is ``queue`` frozen by a handover this site sent, until the new
-    primary's ``SWAP`` (no acquisition, no settlement)?"""
-    return bool(state.handover_cseq) and queue in state.guarded
+    primary's ``SWAP``, or by a failback by delta, until the primary's
+    resync (no acquisition, no settlement)?"""
+    return bool(state.handover_cseq or state.rejoining) and queue in state.guarded
 
 
 def handed_over(state: SiteState) -> bool:
@@ -285,9 +291,66 @@ def swap_in(state: SiteState, origin: str, mode: Mode, cmd: Switchover, eff: Eff
         if q.replica is not None and q.replica.origin not in (origin, state.cluster):
             state.count("r6_conflicts")  # a replica of a third site: left as it is
             continue
-        q.replica = Replica(origin, mode, high)
-        if mode == Mode.FULL:
-            for pos, (sid, _consumer) in list(q.acquired.items()):
-                forget_hold(state, sid, name, pos)
-                del q.acquired[pos]
-            q.rebuild_available()
+        _become_replica(state, q, origin, mode, high)
+
+
+# --------------------------------------------------------------------------
+# A failback by delta (docs/operations.md, "Failback by delta")
+# --------------------------------------------------------------------------
+
+
+def adopt(state: SiteState, cmd: Switchover) -> None:
+    """``ADOPT`` at a site promoted over ``cmd.to_cluster`` by a forced
+    failover: it runs as the primary from here (its sidecars, if their
+    configs link both ways, tap its stream and dial ``to_cluster``, which a
+    ``REJOIN`` there makes its DR site).  It stays promoted: ``to_cluster``'s
+    own stream is still refused."""
+    o = state.origins.get(cmd.to_cluster)
+    if o is None or not o.promoted or cmd.to_cluster in state.handovers or state.swapped:
+        state.count("ignored")  # not promoted over it by a failover, or adopted already
+        return
+    state.swapped = True
+
+
+def rejoin(state: SiteState, cmd: Switchover) -> None:
+    """``REJOIN`` at a site ``cmd.to_cluster`` was promoted over: it becomes
+    that site's DR site.  What it knew of ``to_cluster``'s stream is
+    forgotten, so the primary's next link resyncs it; the queues it names
+    stay closed to publishes (their clients belong at the primary) and are
+    frozen until that resync is installed (:func:`rejoin_done`), so that what
+    this site announced it holds stays here until then."""
+    if state.rejoining or state.handed_to == cmd.to_cluster:
+        state.count("ignored")
+        return
+    take_dr_role(state, cmd.to_cluster)
+    state.guarded = dict.fromkeys(cmd.guarded)
+    state.rejoining = cmd.to_cluster
+
+
+def rejoin_done(state: SiteState, origin: str, queues: dict[str, Mode]) -> None:
+    """A resync from ``origin``, the primary this site is rejoining as its
+    DR site, is being installed: each of this site's own queues it names
+    (``queues``: name and mode) becomes a replica of ``origin``, to be
+    replaced (``full``) or kept (``enqueue``, ``wiring``) as the resync
+    does with replicas; what this site's consumers held of a ``full`` one
+    is let go.  The rejoin is over."""
+    if state.rejoining != origin:
+        return
+    for name, mode in queues.items():
+        q = state.queues.get(name)
+        if q is None or q.replica is not None:
+            continue
+        _become_replica(state, q, origin, mode, 0)
+    state.rejoining = ""
+
+
+def _become_replica(state: SiteState, q: Queue, origin: str, mode: Mode, high: int) -> None:
+    """``q`` becomes a replica of ``origin`` in ``mode``, received up to
+    ``high``; a ``full`` one lets go of what consumers held (their
+    settlements must come from the primary now)."""
+    q.replica = Replica(origin, mode, high)
+    if mode == Mode.FULL:
+        for pos, (sid, _consumer) in list(q.acquired.items()):
+            forget_hold(state, sid, q.name, pos)
+            del q.acquired[pos]
+        q.rebuild_available()

@@ -14,16 +14,23 @@ guard), so nothing happens until an operator decides:
 2. At P, with a P sidecar's config and ``--epoch N`` as step 1 printed:
    multicasts ``SetEpoch(N)``.  P's stream goes on at epoch N, which D accepts,
    and the zombie guard is lifted.
+
+``--delta`` (configs that link both ways) makes the old primary the DR site
+of the promoted one instead, shipping only what it lacks
+(gateway/commands/_faildelta.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
 
+from gateway.commands import _faildelta as delta
+from gateway.commands.switchover import Steps
 from gateway.config import load_sidecar_config
 from gateway.netns import enter_bus_netns
 from gateway.resync import open_admin_member
@@ -49,12 +56,40 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--epoch", type=int, metavar="N", help="at P: the epoch D accepts it at (step 1 prints it)"
     )
+    parser.add_argument(
+        "--delta",
+        action="store_true",
+        help="make the old primary the DR site of the promoted one, shipping only what it "
+        "lacks (configs that link both ways)",
+    )
+    parser.add_argument(
+        "--after",
+        type=int,
+        metavar="CSEQ",
+        help="--delta at P: the last P cseq D applied (step 1 prints it)",
+    )
+    parser.add_argument(
+        "--out", metavar="DIR", help="--delta at P: where to record P's divergent tail"
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="--delta at P: go on with a tail this sidecar's spool does not hold whole",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=delta.TIMEOUT_S,
+        help=f"--delta at P: seconds to wait for D's resync ({delta.TIMEOUT_S:.0f})",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_sidecar_config(args.config)
     enter_bus_netns(config.bus)
+    if args.delta:
+        return _run_delta(args, config)
     # Configs that link both ways serve either site's role: the step is the
     # one --epoch names (the sites may have swapped since they were written).
     at_old_primary = args.epoch is not None if config.reversible else config.primary
@@ -111,3 +146,26 @@ async def _resume(config: SidecarConfig, epoch: int) -> dict[str, object]:
         if member.state.epoch != epoch:
             raise DrgateError(f"SetEpoch({epoch}) was not applied at {config.site}")
         return {"site": config.site, "epoch": epoch, "superseded_by": superseded_by}
+
+
+def _run_delta(args: argparse.Namespace, config: SidecarConfig) -> int:
+    delta.check_config(config, args.config)
+    if args.after is None:  # step 1, at the promoted site
+        result = trio.run(delta.adopt, config, args.origin or config.peer_cluster)
+        print(json.dumps(result, sort_keys=True) if args.json else delta.adopted_text(result))
+        return 0
+    if args.after < 0 or not args.out or args.timeout <= 0:
+        raise DrgateError(
+            "--delta at the old primary needs --after CSEQ (0 or more, as step 1 printed), "
+            "--out DIR (where its divergent tail is recorded) and a --timeout above 0"
+        )
+    steps = Steps(quiet=args.json)
+    tail = delta.export_tail(config, args.after, Path(args.out), force=args.force, steps=steps)
+    to = args.origin or config.peer_cluster
+    result = trio.run(delta.rejoin, config, to, args.timeout, steps)
+    result["tail"] = tail
+    if args.json:
+        print(json.dumps({**result, "steps": steps.done}, sort_keys=True))
+    else:
+        steps.say("done", delta.rejoined_text(result))
+    return 0

@@ -123,7 +123,7 @@ async def _switchover(config: SidecarConfig, limit_s: float, steps: Steps) -> di
         state = member.state
         _check_can_start(config, state)
         was_swapped = state.swapped
-        guarded = _guarded(config, state)
+        guarded = guarded_queues(config, state)
         quiesce = pc.Switchover(to, pc.SwitchoverPhase.QUIESCE, _now_us(), guarded)
         acked_before = _acked(member, config.site)
         quiesced_at = await member.submit_and_wait(quiesce)
@@ -250,7 +250,7 @@ def _check_can_start(config: SidecarConfig, state: SiteState) -> None:
         )
 
 
-def _guarded(config: SidecarConfig, state: SiteState) -> dict[str, None]:
+def guarded_queues(config: SidecarConfig, state: SiteState) -> dict[str, None]:
     """The queues P's rules replicate with messages (the rules file, or the
     rules the site switched to since)."""
     tap = Tap(config.rules, origin_cluster=config.site)

@@ -68,10 +68,13 @@ LINK_MAGIC: Final = b"DG"
 # WELCOME) only add things a peer uses when both sides announce them.
 LINK_VERSION: Final = 1
 # Minor 1: every event of a BATCH carries ``prev_seq`` (continuity).
-LINK_MINOR: Final = 2
+LINK_MINOR: Final = 3
 # Minor 2: PING may carry P's time and last seq (the heartbeat of D's recovery
 # point), and the PARTITIONED error code; both sent only to a minor-2 peer.
 HEARTBEAT_MINOR: Final = 2
+# Minor 3: WELCOME may end with the receiver's holdings (protocol/holdings.py:
+# a failback by delta); sent only to a minor-3 sender.
+HOLDINGS_MINOR: Final = 3
 # The oldest minor version this end talks to.  Minor 1 changed the events
 # block, which a minor-0 peer would misread; since both ends ship in the same
 # release, a minor-0 peer is refused at the handshake (both ends check, so an
@@ -226,6 +229,7 @@ HELLO = Struct(
 # 0      1       2       3            3+o      4+o          4+o+t
 # | minor| codec | o_len | origin utf8 | t_len | target utf8 |
 # then: incarnation u64 | epoch u32 | resume_from u64 | window_bytes u32
+#       | holdings (minor 3, to a minor-3 sender; empty: none)
 WELCOME = Struct(
     "minor" / Int8ub,
     "codec" / Int8ub,
@@ -235,7 +239,7 @@ WELCOME = Struct(
     "epoch" / Int32ub,
     "resume_from" / Int64ub,
     "window_bytes" / Int32ub,
-    Terminated,
+    "holdings" / GreedyBytes,
 ).compile()
 
 # BATCH (sender -> receiver):
@@ -372,6 +376,9 @@ class Welcome:
     window_bytes: int
     codec: Codec = Codec.ZSTD
     minor: int = LINK_MINOR
+    holdings: bytes = b""
+    """What the receiver holds (protocol/holdings.py), when it rejoins as the
+    sender's DR site after a forced failover; empty otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -726,6 +733,7 @@ def _decode_payload(header: FrameHeader, payload: bytes, max_frame_bytes: int) -
             window_bytes=c["window_bytes"],
             codec=_codec(c["codec"], False, "WELCOME"),
             minor=c["minor"],
+            holdings=c["holdings"],
         )
     if ftype is FrameType.ACK:
         c = parse_exact(ACK, payload)

@@ -71,6 +71,7 @@ from protocol.link.events import (
 from protocol.link.frames import (
     DEFAULT_MAX_FRAME_BYTES,
     EVENT_OVERHEAD,
+    HOLDINGS_MINOR,
     U32_MAX,
     U64_MAX,
     Ack,
@@ -266,10 +267,14 @@ class LinkReceiver:
 
     # -- caller decisions --------------------------------------------------------
 
-    def accept(self, resume_from: int, window_bytes: int, now: float) -> bytes:
+    def accept(
+        self, resume_from: int, window_bytes: int, now: float, *, holdings: bytes = b""
+    ) -> bytes:
         """Accept the HELLO: the WELCOME bytes.  ``resume_from``: every event up
         to this seq is applied here; ``window_bytes``: the most unacked bytes
-        this end will hold (the grant is the smaller of it and the HELLO's)."""
+        this end will hold (the grant is the smaller of it and the HELLO's);
+        ``holdings``: what this site holds (a failback by delta), sent only
+        to a sender that reads them."""
         if not 0 <= resume_from <= U64_MAX or not 0 < window_bytes <= U32_MAX:
             raise LocalProtocolError(
                 f"resume_from {resume_from} or window {window_bytes} out of range"
@@ -294,6 +299,7 @@ class LinkReceiver:
             resume_from=resume_from,
             window_bytes=self._window,
             codec=codec,
+            holdings=holdings if hello.minor >= HOLDINGS_MINOR else b"",
         )
         data = encode_frame(welcome)
         self._bytes_sent += len(data)

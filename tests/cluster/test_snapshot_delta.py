@@ -91,20 +91,19 @@ def test_an_empty_announcement_elides_nothing() -> None:
 
 def test_a_version_2_snapshot_still_restores_and_cannot_elide() -> None:
     recovered, site = journal_and_site()
-    assert SNAPSHOT_VERSION == 8
-    # Version 2 is version 8 without the recoveries' count, the switchover,
-    # the failback and its queues, the handover and the swap (41 bytes at
-    # the end: none here) and without messages' broker state (none here
-    # either); version 5 without the failback and its queues, the handover
-    # and the swap (23); version 7 without the handover and the swap (11).
-    v8 = snapshot(site)
-    v2 = v8[:4] + (2).to_bytes(2, "big") + v8[6:-41]
-    assert snapshot(restore_untrusted(v2)) == v8
-    v5 = v8[:4] + (5).to_bytes(2, "big") + v8[6:-23]
-    assert snapshot(restore_untrusted(v5)) == v8
-    v7 = v8[:4] + (7).to_bytes(2, "big") + v8[6:-11]
-    assert snapshot(restore_untrusted(v7)) == v8
+    assert SNAPSHOT_VERSION == 9
+    # Version 2 is version 9 without the recoveries' count, the switchover,
+    # the failback and its queues, the handover, the swap and the failback
+    # by delta (43 bytes at the end: none here) and without messages' broker
+    # state (none here either); version 5 without the failback and its
+    # queues, the handover, the swap and the rejoin (25); version 7 without
+    # the handover, the swap and the rejoin (13); version 8 without the
+    # rejoin (2).
+    v9 = snapshot(site)
+    for version, cut in ((2, 43), (5, 25), (7, 13), (8, 2)):
+        older = v9[:4] + version.to_bytes(2, "big") + v9[6:-cut]
+        assert snapshot(restore_untrusted(older)) == v9
     delta = delta_snapshot(site, held_ranges(recovered)).data
-    delta_v2 = delta[:4] + (2).to_bytes(2, "big") + delta[6:-33]
+    delta_v2 = delta[:4] + (2).to_bytes(2, "big") + delta[6:-35]
     with pytest.raises(RemoteProtocolError, match="message flags"):
         restore_untrusted(delta_v2, bodies=recovered)

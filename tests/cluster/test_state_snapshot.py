@@ -331,30 +331,33 @@ def test_snapshot_keeps_the_whole_site_recoveries() -> None:
 
 def test_a_snapshot_of_version_2_restores_as_a_site_without_recoveries() -> None:
     s = busy_state()
-    v8 = snapshot(s)
-    # Version 8 ends with the recoveries (none), the switchover (none: an
+    v9 = snapshot(s)
+    # Version 9 ends with the recoveries (none), the switchover (none: an
     # empty name, time 0, no handovers), the failback (cseq 0) and its queues
-    # (none), the handover (cseq 0), the swap (0) and the site swapped
-    # with (none); version 7 without the last three, 6 without the failback's
-    # queues, 5 without the failback, 4 without the switchover, 2 without the
-    # recoveries too.
-    assert v8[4:6] == b"\x00\x08" and v8.endswith(b"\x00" * 41)
-    v7 = v8[:4] + b"\x00\x07" + v8[6:-11]
-    v6 = v8[:4] + b"\x00\x06" + v8[6:-15]
-    v5 = v8[:4] + b"\x00\x05" + v8[6:-23]
-    v4 = v8[:4] + b"\x00\x04" + v8[6:-37]
-    v2 = v8[:4] + b"\x00\x02" + v8[6:-41]
+    # (none), the handover (cseq 0), the swap (0), the site swapped with
+    # (none) and the site rejoined (none); version 8 without the last, 7
+    # without the last four, 6 without the failback's queues too, 5 without
+    # the failback, 4 without the switchover, 2 without the recoveries too.
+    assert v9[4:6] == b"\x00\x09" and v9.endswith(b"\x00" * 43)
+    v8 = v9[:4] + b"\x00\x08" + v9[6:-2]
+    v7 = v9[:4] + b"\x00\x07" + v9[6:-13]
+    v6 = v9[:4] + b"\x00\x06" + v9[6:-17]
+    v5 = v9[:4] + b"\x00\x05" + v9[6:-25]
+    v4 = v9[:4] + b"\x00\x04" + v9[6:-39]
+    v2 = v9[:4] + b"\x00\x02" + v9[6:-43]
     r = restore_untrusted(v2)
     assert r.recoveries == []
-    assert snapshot(r) == v8
+    assert snapshot(r) == v9
     r = restore_untrusted(v4)
-    assert r.switchover_to == "" and snapshot(r) == v8
+    assert r.switchover_to == "" and snapshot(r) == v9
     r = restore_untrusted(v5)
-    assert r.failback_cseq == 0 and snapshot(r) == v8
+    assert r.failback_cseq == 0 and snapshot(r) == v9
     r = restore_untrusted(v6)
-    assert r.failback_queues == {} and snapshot(r) == v8
+    assert r.failback_queues == {} and snapshot(r) == v9
     r = restore_untrusted(v7)
-    assert (r.handover_cseq, r.swapped) == (0, False) and snapshot(r) == v8
+    assert (r.handover_cseq, r.swapped) == (0, False) and snapshot(r) == v9
+    r = restore_untrusted(v8)
+    assert r.rejoining == "" and snapshot(r) == v9
     # A version 3 snapshot: a redelivered message (flag 1) has a count of 1.
     r = restore_untrusted(v5[:4] + b"\x00\x03" + v5[6:-14])
     assert [m.delivery_count for m in messages(r, "local")] == [1, 0, 0, 0, 0]
@@ -385,7 +388,7 @@ def test_digest_changes_with_state() -> None:
     ("mutate", "words"),
     [
         (lambda b: b"XXXX" + b[4:], "not a drgate state snapshot"),
-        (lambda b: b[:4] + b"\x00\x09" + b[6:], "version 9"),
+        (lambda b: b[:4] + b"\x00\x0a" + b[6:], "version 10"),
         (lambda b: b[:-3], "truncated"),
         (lambda b: b + b"\x00", "trailing"),
         (lambda b: b[:20], "snapshot"),

@@ -18,6 +18,26 @@ from tests.lab import converged, metric, wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
 
+def strand_and_promote(two: TwoSites) -> int:
+    """Cut the WAN, publish 50 messages ``s-1`` .. ``s-50`` to P's q-full
+    (spooled by every P sidecar: P does not know D is gone), promote D;
+    the last P cseq D applied, as ``drgate promote`` printed it."""
+    p = two.p
+    two.wan_all("cut")
+    stranded = p.client(1, "publish", p.amqp[1], "q-full", "--count", "50", "--prefix", "s")
+    assert stranded["accepted"] == 50
+    cseq = p.describe(1)["cseq"]
+    for n in two.nodes:
+        wait_for(
+            f"P's sidecar {n} applied the 50",
+            lambda n=n: (metric(two, "site-p", "drgate_bus_cseq", n) or 0) >= cseq,
+        )
+    promoted = drgate("promote", "--config", str(two.d.workdir / "sidecar-1.yaml"), "--json")
+    assert promoted.returncode == 0, promoted.stderr
+    after: int = json.loads(promoted.stdout)["applied_cseq"]
+    return after
+
+
 def test_the_divergent_tail_names_exactly_what_p_accepted_that_d_never_applied(
     tmp_path: Path,
 ) -> None:
@@ -26,19 +46,7 @@ def test_the_divergent_tail_names_exactly_what_p_accepted_that_d_never_applied(
         p = two.p
         assert p.client(1, "publish", p.amqp[1], "q-full", "--count", "20")["accepted"] == 20
         wait_for("D's full replica equals P's queue", lambda: converged(two))
-        two.wan_all("cut")
-        stranded = p.client(1, "publish", p.amqp[1], "q-full", "--count", "50", "--prefix", "s")
-        assert stranded["accepted"] == 50
-        # P's sidecars spooled them (P does not know D is gone).
-        cseq = p.describe(1)["cseq"]
-        for n in two.nodes:
-            wait_for(
-                f"P's sidecar {n} applied the 50",
-                lambda n=n: (metric(two, "site-p", "drgate_bus_cseq", n) or 0) >= cseq,
-            )
-        promoted = drgate("promote", "--config", str(two.d.workdir / "sidecar-1.yaml"), "--json")
-        assert promoted.returncode == 0, promoted.stderr
-        after = json.loads(promoted.stdout)["applied_cseq"]
+        after = strand_and_promote(two)
 
         out = tmp_path / "tail"
         done = drgate(

@@ -329,6 +329,8 @@ def test_status_document_of_an_ingress_keeps_the_compatibility_fields() -> None:
         "bytes_total": 0,
         "messages": 0,
         "chunks_done": 0,
+        "messages_kept": 0,
+        "bytes_kept": 0,
         "promoted": True,
         "epoch": 4,
     }

@@ -6,7 +6,8 @@ document, puts the lab's paths where the document has placeholders, runs
 every command at the site its comment names and checks what the comments
 say an operator will see (``drgate status``, HTTP only, from the test's
 own shell, which reaches both sites).  The failback's command at P is the one the
-command at D printed (the document's ``--epoch 3`` is an example).
+command at D printed (the document's ``--epoch 3`` is an example), and so is
+the failback by delta's (``--after 18231``; its ``--out`` goes to the lab).
 
 Two sites of three brokers and three sidecars (lab.site.TwoSites); on
 corosync too (``make test-long``), where each command runs in node 1's
@@ -33,6 +34,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 OPERATIONS = ROOT / "docs" / "operations.md"
 CONFIG = "/etc/drgate/sidecar.yaml"
 PRINTED_FAILBACK = re.compile(r"drgate failback --epoch (\d+) --config <[^>]+>")
+PRINTED_DELTA = re.compile(r"drgate failback --delta --after (\d+) --out DIR")
 
 
 def runbook(title: str) -> list[tuple[str, str]]:
@@ -72,6 +74,10 @@ class Operator:
             printed = PRINTED_FAILBACK.search(self.printed)
             assert printed, f"the failback at D printed no command for P: {self.printed}"
             args[2] = printed.group(1)
+        if args[:3] == ["failback", "--delta", "--after"]:
+            printed = PRINTED_DELTA.search(self.printed)
+            assert printed, f"the failback at D printed no command for P: {self.printed}"
+            args[3] = printed.group(1)
         if args[0] == "status":  # HTTP only: from the operator's shell, which reaches both sites
             argv = drgate_argv(*args)
             done = subprocess.run(
@@ -86,6 +92,8 @@ class Operator:
     def _place(self, word: str, site: BrokerSite) -> str:
         if word == CONFIG:
             return str(site.workdir / "sidecar-1.yaml")
+        if word.startswith("/var/tmp/"):  # where the operator records things: the lab's
+            return str(site.workdir / word.removeprefix("/var/tmp/"))
         for letter, cluster in (("P", "site-p"), ("D", "site-d")):
             if word == f"http://{letter}-SIDECAR:9465":
                 return self.two.status_url(cluster, 1).removesuffix("/status")
@@ -170,4 +178,27 @@ def test_the_runbooks_run_as_written(two: TwoSites) -> None:
     # Failback again: D takes P's state.
     operator.run("failback")
     failed_back(two)
+    wait_for("D's full replica equals P's queue", lambda: converged(two))
+
+    # Another failover, P cut off with messages D never gets; D takes writes.
+    two.wan_all("cut")
+    assert accepted(two.p, "q-full", 5, "stranded") == 5
+    operator.run("failover")
+    assert accepted(two.d, "q-full", 2, "promoted-again") == 2
+    two.wan_all("restore")
+
+    # Failback by delta: P records its tail and becomes D's DR site.
+    printed = operator.run("failback by delta")
+    assert "drgate failback --delta --after" in printed[0], printed[0]
+    assert "{'q-full': 5}" in printed[1] and "a whole resync would have shipped" in printed[1]
+    assert status(two, "site-d", 1)["role"] == "egress"
+    assert status(two, "site-p", 1)["role"] == "ingress"
+    assert accepted(two.d, "q-full", 1, "d-primary") == 1  # D's queues stay open
+    # Equal digests: P's 5 stranded messages are gone from it (in the tail).
+    wait_for("P's full replica equals D's queue", lambda: converged(two))
+
+    # And a switchover makes it the primary again.
+    printed = operator.run("switch back")
+    assert "done: site-p is the primary and site-d its DR site" in printed[0], printed[0]
+    assert accepted(two.p, "q-full", 1, "home") == 1
     wait_for("D's full replica equals P's queue", lambda: converged(two))

@@ -29,6 +29,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
     ]
 )
 def two(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TwoSites]:
+    """Two sites whose sidecar configs link both ways, on each bus, with
+    the queues of every mode declared at P."""
     require_bus(request.param)
     with TwoSites(workdir=tmp_path, metrics=True, reversible=True, bus=request.param) as sites:
         add_queues(sites)

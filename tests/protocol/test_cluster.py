@@ -77,6 +77,7 @@ simple_commands = st.one_of(
     st.builds(c.ResyncStage, names, u64, u64, u32, u32, bodies),
     st.builds(c.VerifyPoint, u64),
     st.builds(c.Verify, names, u64, u64, u64, names),
+    st.builds(c.Keep, names, u64, u64, u32, st.booleans(), u64, bodies),
 )
 
 
@@ -220,6 +221,7 @@ SAMPLES: dict[str, c.Command] = {
     "switchover": c.Switchover(
         "site-d", c.SwitchoverPhase.QUIESCE, 1_700_000_000_000_000, {"orders": None}
     ),
+    "keep": c.Keep("orders", 10_001, 17, 250, False, 31_250, bytes.fromhex("9f86d081884c7d65")),
 }
 
 

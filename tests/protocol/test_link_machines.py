@@ -386,7 +386,7 @@ def test_a_ping_carries_the_origins_time_and_last_seq_to_a_minor_2_receiver() ->
     spooled seq, the next PING carries them, D's receiver hands them up."""
     pair = LinkPair(sender={"ping_interval": 1.0, "heartbeat_timeout": 100.0})
     pair.pump(0.0)
-    assert pair.welcome.minor == LINK_MINOR == 2
+    assert pair.welcome.minor == LINK_MINOR == 3
     pair.sender.announce(time_us=1_700_000_000_000_000, last_seq=42)
     ping = pair.sender.data_to_send(1.0)
     assert decode_frame_untrusted(ping) == Ping(1_000_000, 1_700_000_000_000_000, 42)
@@ -554,14 +554,14 @@ def test_unknown_major_version_is_refused_naming_both_versions() -> None:
 def test_a_sender_of_minor_version_0_is_refused_naming_both_versions() -> None:
     """Minor 1 added prev_seq to the events block: a minor-0 sender would send
     batches this end misreads, so its HELLO is refused and it is told why."""
-    assert LINK_MINOR == 2
+    assert LINK_MINOR == 3
     receiver = LinkReceiver(ReceiverConfig("D"), now=0.0)
     receiver.receive_data(encode_frame(Hello("P", "D", INCARNATION, EPOCH, 0, 1 << 20, minor=0)))
     with pytest.raises(RemoteProtocolError) as info:
         receiver.next_event()
     assert info.value.code == LinkErrorCode.UNSUPPORTED_VERSION
     assert "sender (P's egress) speaks link version 1.0" in str(info.value)
-    assert "this end speaks 1.2 and needs 1.1" in str(info.value)
+    assert "this end speaks 1.3 and needs 1.1" in str(info.value)
     assert receiver.hello is None and receiver.state is ReceiverState.ERROR
     # an old sender still reads the ERROR (its layout did not change)
     sender = LinkSender(sender_config())
@@ -572,7 +572,7 @@ def test_a_sender_of_minor_version_0_is_refused_naming_both_versions() -> None:
     assert event.code == LinkErrorCode.UNSUPPORTED_VERSION and "1.0" in event.text
     # a newer minor is welcome: it knows how to talk to this one
     receiver = LinkReceiver(ReceiverConfig("D"), now=0.0)
-    receiver.receive_data(encode_frame(Hello("P", "D", INCARNATION, EPOCH, 0, 1 << 20, minor=3)))
+    receiver.receive_data(encode_frame(Hello("P", "D", INCARNATION, EPOCH, 0, 1 << 20, minor=4)))
     assert isinstance(receiver.next_event(), Hello)
 
 
@@ -585,7 +585,7 @@ def test_a_receiver_of_minor_version_0_is_refused_by_the_sender() -> None:
         sender.next_event()
     assert info.value.code == LinkErrorCode.UNSUPPORTED_VERSION
     assert "receiver (D's ingress) speaks link version 1.0" in str(info.value)
-    assert "this end speaks 1.2 and needs 1.1" in str(info.value)
+    assert "this end speaks 1.3 and needs 1.1" in str(info.value)
     assert sender.state is SenderState.ERROR
     with pytest.raises(RemoteProtocolError):
         sender.send_event(ev(1))  # never streams to it
