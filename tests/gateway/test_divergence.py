@@ -5,12 +5,16 @@ touching the spool, summarized per queue and recorded as a capture."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from gateway.divergence import missing_ranges, read_tail, summarize, write_capture
 from gateway.spool import Spool
 from gateway.spoolfile import FsyncPolicy, segment_paths
 from protocol import cluster as pc
 from protocol.capture import CaptureReader, Stream
+from protocol.errors import DrgateError
 from tests.gateway.test_tap import SA, Site
 
 
@@ -96,4 +100,28 @@ def test_the_tail_is_recorded_as_a_forwarded_capture_with_its_payloads(tmp_path:
     assert {r.queues for r in enqueues} == {("dr.f.q",), ("dr.e.q",)}
     assert [r.origin_cseq for r in records] == [e[0] for e in events]
     assert all(r.origin_incarnation == 42 for r in records)
+    spool.close()
+
+
+def test_a_failback_by_delta_records_the_tail_first_and_refuses_one_not_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gateway.commands._faildelta import export_tail
+    from gateway.commands.switchover import Steps
+
+    _site, spool, applied = primary(tmp_path)
+    config = SimpleNamespace(spool_dir=str(tmp_path / "spool"), site="site-p", node=1)
+    steps = Steps(quiet=False)
+    done = export_tail(config, applied, tmp_path / "tail", force=False, steps=steps)  # type: ignore[arg-type]
+    assert done["published"] == {"dr.f.q": 40, "dr.e.q": 10} and done["missing"] == []
+    assert done["capture"] and all(Path(c).exists() for c in done["capture"])  # type: ignore[union-attr]
+    assert "tail: 51 events after cseq" in capsys.readouterr().out
+    # The rejoin discards the spools: a tail not whole here is refused
+    # (its first segment gone, as an overflow would), unless --force.
+    segment_paths(tmp_path / "spool")[0].unlink()
+    with pytest.raises(DrgateError, match=r"not whole .* \(missing cseqs \d+\.\.\d+\).*--force"):
+        export_tail(config, applied, tmp_path / "none", force=False, steps=steps)  # type: ignore[arg-type]
+    assert not (tmp_path / "none").exists()
+    forced = export_tail(config, applied, tmp_path / "forced", force=True, steps=steps)  # type: ignore[arg-type]
+    assert forced["missing"] and forced["capture"]
     spool.close()
