@@ -34,7 +34,8 @@ class SwitchoverPhase(enum.IntEnum):
     # (``guarded``: the queues it closes meanwhile) ...
     REJOIN = 4
     # ... and at the promoted site, it takes the primary's role for the site
-    # it was promoted over, which the resync will make its DR site.
+    # it was promoted over, which the resync will make its DR site
+    # (``guarded``: {"swapped": the value that makes this site the primary}).
     ADOPT = 5
 
 

@@ -303,13 +303,17 @@ def adopt(state: SiteState, cmd: Switchover) -> None:
     """``ADOPT`` at a site promoted over ``cmd.to_cluster`` by a forced
     failover: it runs as the primary from here (its sidecars, if their
     configs link both ways, tap its stream and dial ``to_cluster``, which a
-    ``REJOIN`` there makes its DR site).  It stays promoted: ``to_cluster``'s
+    ``REJOIN`` there makes its DR site).  ``guarded["swapped"]`` is the
+    value of ``swapped`` that makes it the primary, which only its sidecars'
+    configured role tells (the command reads it from a config), so the
+    step is the same applied twice.  It stays promoted: ``to_cluster``'s
     own stream is still refused."""
     o = state.origins.get(cmd.to_cluster)
-    if o is None or not o.promoted or cmd.to_cluster in state.handovers or state.swapped:
-        state.count("ignored")  # not promoted over it by a failover, or adopted already
+    swapped = cmd.guarded.get("swapped")
+    if o is None or not o.promoted or cmd.to_cluster in state.handovers or swapped is None:
+        state.count("ignored")  # not promoted over it by a failover
         return
-    state.swapped = True
+    state.swapped = bool(swapped)
 
 
 def rejoin(state: SiteState, cmd: Switchover) -> None:

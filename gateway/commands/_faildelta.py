@@ -73,9 +73,13 @@ async def adopt(config: SidecarConfig, origin: str) -> dict[str, object]:
                 f"'drgate switchover' at {config.site})"
             )
         after = o.applied.get(o.incarnation, 0)
-        if not member.state.swapped:
-            await member.submit_and_wait(pc.Switchover(origin, pc.SwitchoverPhase.ADOPT, _now_us()))
-            if not member.state.swapped:
+        if not _primary(config, member.state):
+            # The role flag that makes this site the primary: its configured
+            # role flipped, or not.
+            want = {"swapped": int(not member.state.swapped)}
+            adopt = pc.Switchover(origin, pc.SwitchoverPhase.ADOPT, _now_us(), want)
+            await member.submit_and_wait(adopt)
+            if not _primary(config, member.state):
                 raise DrgateError(f"the ADOPT of {origin} was not applied at {config.site}")
         return {"site": config.site, "origin": origin, "after": after, "cseq": member.state.cseq}
 
@@ -139,7 +143,7 @@ async def rejoin(config: SidecarConfig, to: str, limit_s: float, steps: Steps) -
     """P becomes ``to``'s DR site; waits for ``to``'s resync by delta."""
     async with open_admin_member(config.site, config.bus) as member:
         state = member.state
-        if not runs_as_primary(state, configured=config.primary, reversible=True):
+        if not _primary(config, state):
             raise DrgateError(
                 f"{config.site} is not a primary now: nothing to fail back by delta "
                 f"({'it rejoins ' + state.rejoining if state.rejoining else 'it is a DR site'})"
@@ -212,6 +216,10 @@ def rejoined_text(result: dict[str, object]) -> str:
         f"resync would have shipped about {result['bytes_whole_resync']} bytes ({ratio:.1%} "
         f"of it shipped). To make {site} the primary again: drgate switchover at {to}"
     )
+
+
+def _primary(config: SidecarConfig, state: SiteState) -> bool:
+    return runs_as_primary(state, configured=config.primary, reversible=True)
 
 
 def _now_us() -> int:

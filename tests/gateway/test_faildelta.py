@@ -43,7 +43,7 @@ def failed_over() -> Pair:
 
 
 def adopt_and_rejoin(pair: Pair) -> None:
-    pair.d.run(pc.Switchover("site-p", pc.SwitchoverPhase.ADOPT, T))
+    pair.d.run(pc.Switchover("site-p", pc.SwitchoverPhase.ADOPT, T, {"swapped": 1}))
     guarded = {"f.q": None, "e.q": None}
     pair.p.run(pc.Switchover("site-d", pc.SwitchoverPhase.REJOIN, T, guarded))
 
@@ -174,7 +174,7 @@ def test_holdings_are_announced_only_to_the_primary_a_site_rejoins_and_only_for_
 
 def test_adopt_needs_a_promotion_by_failover_and_rejoin_happens_once() -> None:
     pair = loaded()
-    pair.d.run(pc.Switchover("site-p", pc.SwitchoverPhase.ADOPT, T))
+    pair.d.run(pc.Switchover("site-p", pc.SwitchoverPhase.ADOPT, T, {"swapped": 1}))
     assert not pair.d.state.swapped  # not promoted: ignored
     pair = failed_over()
     adopt_and_rejoin(pair)
@@ -182,8 +182,11 @@ def test_adopt_needs_a_promotion_by_failover_and_rejoin_happens_once() -> None:
     pair.p.run(pc.Switchover("site-d", pc.SwitchoverPhase.REJOIN, T, {"f.q": None}))
     assert pair.p.state.counters["ignored"] == before + 1
     # Neither step is forwarded to the other site.
-    event, _ = pair.p.run(pc.Switchover("site-d", pc.SwitchoverPhase.ADOPT, T))
+    event, _ = pair.p.run(pc.Switchover("site-d", pc.SwitchoverPhase.ADOPT, T, {"swapped": 1}))
     assert event is None
+    # ADOPT sets the flag it names: applied twice, the same.
+    pair.d.run(pc.Switchover("site-p", pc.SwitchoverPhase.ADOPT, T, {"swapped": 1}))
+    assert pair.d.state.swapped
 
 
 def test_the_site_queues_not_named_by_the_resync_stay_its_own() -> None:
@@ -223,8 +226,13 @@ def test_messages_the_rejoining_site_holds_from_the_primary_are_kept_too() -> No
         pair.d.run(pc.Publish("", "f.q", BODY, f"stranded-{i}"))  # the WAN is cut
     apply(pair.p.state, pc.Promote("site-d", 9, T))
     pair.p.run(pc.Publish("", "f.q", BODY, "p-after"))
-    pair.p.run(pc.Switchover("site-d", pc.SwitchoverPhase.ADOPT, T))
+    # P, the DR site by the swap (configured primary, swapped), is the
+    # primary again by ADOPT's flag.
+    assert pair.p.state.swapped
+    pair.p.run(pc.Switchover("site-d", pc.SwitchoverPhase.ADOPT, T, {"swapped": 0}))
+    assert runs_as_primary(pair.p.state, configured=True, reversible=True)
     pair.d.run(pc.Switchover("site-p", pc.SwitchoverPhase.REJOIN, T, {"f.q": None}))
+    assert not runs_as_primary(pair.d.state, configured=False, reversible=True)
 
     stream = resync(pair.p, pair.d)
 
