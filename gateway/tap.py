@@ -66,6 +66,7 @@ from gateway.content import MESSAGE_MODES, queue_content
 from gateway.statistics import TapStatistics
 from protocol import cluster as pc
 from protocol.errors import DrgateError
+from protocol.eventframe import encode_event
 from protocol.modes import Mode
 from protocol.quickinit import quick_init
 from protocol.values import Value
@@ -228,20 +229,14 @@ class Tap:
             self.forwarded[mode.label] += 1
         modes = tuple(m for m, _ in items)
         commands = tuple(c for _, c in items)
-        replicated = pc.Replicated(
-            self.origin_cluster,
-            state.incarnation,
-            state.cseq,
-            self.epoch,
-            time_us,
-            modes,
-            commands,
+        payload = encode_event(
+            self.origin_cluster, state.incarnation, state.cseq, self.epoch, time_us, modes, commands
         )
         prev_seq, self.last_seq = self.last_seq, state.cseq
         return ReplEvent(
             state.cseq,
             time_us,
-            pc.encode_frame([replicated]),
+            payload,
             modes,
             tuple(c.key for c in commands),
             prev_seq,
