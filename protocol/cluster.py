@@ -37,7 +37,7 @@ fail only with :class:`RemoteProtocolError`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -802,9 +802,17 @@ def iter_frame_untrusted(frame: bytes | memoryview) -> Iterator[Command]:
 _KINDS = frozenset(_CODECS)
 
 
+# Decoders by kind that replace the generic one on the hot path (the same
+# commands from the same bytes, the same errors): protocol/eventframe.py.
+FAST_DECODERS: dict[int, Callable[[str, bytes, memoryview, int, int], Command]] = {}
+
+
 def _decode_at(kind: int, key: str, data: bytes, view: memoryview, start: int, end: int) -> Command:
     """The command whose rest is ``data[start:end]`` (``view`` is ``data``'s
     memoryview, which the tail is cut from)."""
+    fast = FAST_DECODERS.get(kind)
+    if fast is not None:
+        return fast(key, data, view, start, end)
     codec, meta_at, meta_end = _locate_meta_untrusted(kind, key, data, start, end)
     try:
         values = codec.plan.unpack_values_untrusted(data, meta_at, meta_end)
@@ -855,3 +863,8 @@ def _locate_meta_untrusted(
             f"{end - meta_at} present"
         )
     return codec, meta_at, meta_end
+
+
+# Registers the fast decoders; last, since it builds on this module (either
+# may be imported first).
+import protocol.eventframe  # noqa: E402, F401
