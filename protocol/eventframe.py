@@ -6,14 +6,14 @@ in place and its ``Enqueue`` commands unpacked by hand.
 
 Every sidecar of the primary taps every command (the egress and each
 standby: the standbys spool what they would send if they took over), so
-this encoding is paid several times per message; the generic path (a plan
-step per field, protocol/commandcodec.py) costs about 22 µs for an event of
-one ``Enqueue`` on this project's machines, this one about a third of it
-(bench/protocol_bench.py).  Every member of the DR site decodes every
-event, where the generic path costs about 30 µs an event and this one a
-third of it.  The bytes are the same, field for field, and so are the
-commands decoded and the refusals (only :class:`RemoteProtocolError`): a
-test runs every kind of event both ways (tests/protocol/test_eventframe.py).
+this encoding is paid several times per message, and every member of the
+DR site decodes every event.  For an event of one ``Enqueue`` the generic
+path (a plan step per field, protocol/commandcodec.py) takes about 14 µs to
+encode and 21 µs to decode on this project's machines, this one about 5 and
+11 (bench/event_bench.py; docs/performance.md).  The bytes are the same,
+field for field, and so are the commands decoded and the refusals (only
+:class:`RemoteProtocolError`): a test runs every kind of event both ways
+(tests/protocol/test_eventframe.py).
 """
 
 from __future__ import annotations
