@@ -153,7 +153,7 @@ async def rejoin(config: SidecarConfig, to: str, limit_s: float, steps: Steps) -
         await member.submit_and_wait(
             pc.Switchover(to, pc.SwitchoverPhase.REJOIN, _now_us(), guarded)
         )
-        if member.state.rejoining != to:
+        if member.state.handed_to != to:  # rejoining, or already resynced
             raise DrgateError(f"the REJOIN to {to} was not applied at {config.site}")
         steps.say(
             "rejoin",
