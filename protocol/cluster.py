@@ -735,19 +735,24 @@ def _check_header(view: memoryview) -> int:
     return int(count)
 
 
-def scan_frame_untrusted(frame: bytes | memoryview) -> list[CommandRef]:
+def scan_frame_untrusted(
+    frame: bytes | memoryview, start: int = 0, end: int | None = None
+) -> list[CommandRef]:
     """Locate every command of a frame, decoding only kinds and keys.
+    ``start`` and ``end``: the frame is ``frame[start:end]`` (one nested in
+    another's bytes, read where it lies); the offsets are into ``frame``.
 
     Raises :class:`RemoteProtocolError` for an unknown version, a truncated
     frame, trailing bytes, an unknown command kind or a key that is not UTF-8.
     """
     data = frame if isinstance(frame, bytes) else bytes(frame)
-    count = _check_header(memoryview(data))
-    index_end = FRAME_HEADER.size + count * INDEX_ENTRY.size
-    if len(data) < index_end:
+    end = len(data) if end is None else end
+    count = _check_header(memoryview(data)[start:end])
+    index_end = start + FRAME_HEADER.size + count * INDEX_ENTRY.size
+    if end < index_end:
         raise RemoteProtocolError(
-            f"truncated bus frame: index of {count} commands needs {index_end} bytes, "
-            f"frame has {len(data)}"
+            f"truncated bus frame: index of {count} commands needs {index_end - start} bytes, "
+            f"frame has {end - start}"
         )
     refs: list[CommandRef] = []
     append = refs.append
@@ -757,7 +762,7 @@ def scan_frame_untrusted(frame: bytes | memoryview) -> list[CommandRef]:
     names: dict[bytes, str] = {}
     try:
         for kind, _reserved, key_len, rest_len in INDEX_ENTRY.iter_unpack(
-            data[FRAME_HEADER.size : index_end]
+            data[start + FRAME_HEADER.size : index_end]
         ):
             if kind not in kinds:
                 raise RemoteProtocolError(f"unknown bus command kind {kind} in command {len(refs)}")
@@ -770,14 +775,13 @@ def scan_frame_untrusted(frame: bytes | memoryview) -> list[CommandRef]:
             offset = rest_at + rest_len
     except UnicodeDecodeError as exc:
         raise RemoteProtocolError(f"command {len(refs)} has a name that is not UTF-8") from exc
-    if offset > len(data):
+    if offset > end:
         raise RemoteProtocolError(
-            f"truncated bus frame: its {count} commands need {offset} bytes, frame has {len(data)}"
+            f"truncated bus frame: its {count} commands need {offset - start} bytes, "
+            f"frame has {end - start}"
         )
-    if offset != len(data):
-        raise RemoteProtocolError(
-            f"bus frame has {len(data) - offset} trailing bytes after its commands"
-        )
+    if offset != end:
+        raise RemoteProtocolError(f"bus frame has {end - offset} trailing bytes after its commands")
     return refs
 
 

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from protocol import cluster
 from protocol.cluster import (
     _DECODE_ERRORS,
-    _KINDS,
     _MODE_OF,
     FRAME_HEADER,
     INDEX_ENTRY,
@@ -38,6 +37,7 @@ from protocol.cluster import (
     _decode_at,
     _locate_meta_untrusted,
     encode_command,
+    scan_frame_untrusted,
 )
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.modes import Mode
@@ -141,39 +141,16 @@ def decode_replicated_at(key: str, data: bytes, view: memoryview, start: int, en
 
 
 def _inner(data: bytes, view: memoryview, at: int, end: int) -> tuple[Command, ...]:
-    """The commands of the bus frame at ``data[at:end]``, checked as
-    :func:`protocol.cluster.scan_frame_untrusted` checks a frame."""
-    if end - at < FRAME_HEADER.size:
-        raise RemoteProtocolError(f"truncated bus frame: {end - at} bytes")
-    version, flags, count = FRAME_HEADER.unpack_from(data, at)
-    if version != VERSION or flags != 0:
-        raise RemoteProtocolError(f"inner bus frame of version {version}, flags {flags:#x}")
-    offset = at + FRAME_HEADER.size + count * INDEX_ENTRY.size
-    if offset > end:
-        raise RemoteProtocolError(f"truncated bus frame: index of {count} commands")
+    """The commands of the bus frame at ``data[at:end]``, located where they
+    lie (:func:`protocol.cluster.scan_frame_untrusted`, its checks)."""
     commands: list[Command] = []
-    names: dict[bytes, str] = {}
-    for kind, _reserved, key_len, rest_len in INDEX_ENTRY.iter_unpack(
-        data[at + FRAME_HEADER.size : at + FRAME_HEADER.size + count * INDEX_ENTRY.size]
-    ):
-        if kind not in _KINDS:
-            raise RemoteProtocolError(f"unknown bus command kind {kind} in command {len(commands)}")
-        rest_at = offset + key_len
-        raw = data[offset:rest_at]
-        key = names.get(raw)
-        if key is None:
-            key = names[raw] = raw.decode("utf-8")
-        offset = rest_at + rest_len
-        if offset > end:
-            raise RemoteProtocolError(f"truncated bus frame: its {count} commands need more")
+    for kind, key, size, offset in scan_frame_untrusted(data, at, end):
         if kind == _ENQUEUE:
-            commands.append(_enqueue(key, data, view, rest_at, offset))
+            commands.append(_enqueue(key, data, view, offset, offset + size))
         elif kind == _REPLICATED:
             raise RemoteProtocolError("nested Replicated command")
         else:
-            commands.append(_decode_at(kind, key, data, view, rest_at, offset))
-    if offset != end:
-        raise RemoteProtocolError(f"bus frame has {end - offset} trailing bytes after its commands")
+            commands.append(_decode_at(kind, key, data, view, offset, offset + size))
     return tuple(commands)
 
 
