@@ -122,6 +122,35 @@ def summarize(events: list[Event]) -> dict[str, QueueTail]:
     return queues
 
 
+@dataclass(slots=True)
+class Tail:
+    """A sidecar's divergent tail above ``after``, as read from its spool."""
+
+    after: int
+    events: list[Event]
+    incarnation: int | None
+    missing: list[tuple[int, int]]  # cseq ranges the spool does not hold
+    queues: dict[str, QueueTail]
+
+    def record(self, out: Path, *, site: str, node: int) -> list[Path]:
+        """Write it under ``out`` as a capture; the files written (none for
+        an empty tail)."""
+        out.mkdir(parents=True, exist_ok=True)
+        if not self.events or self.incarnation is None:
+            return []
+        return write_capture(self.events, out, site=site, node=node, incarnation=self.incarnation)
+
+
+def tail_of(spool_dir: str, after: int) -> Tail:
+    """The tail of the spool in ``spool_dir`` (a sidecar config's
+    ``spool.directory``) above ``after``, summarized.  Read-only."""
+    directory = Path(spool_dir)
+    if not directory.is_dir():
+        raise DrgateError(f"{directory} (the config's spool.directory) is not a directory")
+    events, incarnation = read_tail(directory, after)
+    return Tail(after, events, incarnation, missing_ranges(events, after), summarize(events))
+
+
 def write_capture(
     events: list[Event], out: Path, *, site: str, node: int, incarnation: int
 ) -> list[Path]:

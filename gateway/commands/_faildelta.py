@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.commands.switchover import Steps, guarded_queues
-from gateway.divergence import missing_ranges, read_tail, summarize, write_capture
+from gateway.divergence import tail_of
 from gateway.resync import AdminMember, open_admin_member
 from gateway.roles import runs_as_primary
 from protocol import cluster as pc
@@ -105,25 +105,17 @@ def export_tail(
     """Record this sidecar's divergent tail under ``out`` before the rejoin
     discards the spools; refuses a tail the spool does not hold whole
     unless ``force``."""
-    spool = Path(config.spool_dir)
-    if not spool.is_dir():
-        raise DrgateError(f"{spool} (spool.directory of this config) is not a directory")
-    events, incarnation = read_tail(spool, after)
-    missing = missing_ranges(events, after)
-    if missing and not force:
-        spans = ", ".join(f"{a}..{b}" for a, b in missing)
+    tail = tail_of(config.spool_dir, after)
+    if tail.missing and not force:
+        spans = ", ".join(f"{a}..{b}" for a, b in tail.missing)
         raise DrgateError(
-            f"{config.site}'s tail after cseq {after} is not whole in {spool} (missing cseqs "
-            f"{spans}); the rejoin discards every spool of the site. Record it at the site's "
-            "other sidecars first (drgate divergence), then run this again with --force"
+            f"{config.site}'s tail after cseq {after} is not whole in {config.spool_dir} "
+            f"(missing cseqs {spans}); the rejoin discards every spool of the site. Record it "
+            "at the site's other sidecars first (drgate divergence), then run this again "
+            "with --force"
         )
-    out.mkdir(parents=True, exist_ok=True)
-    written = (
-        write_capture(events, out, site=config.site, node=config.node, incarnation=incarnation)
-        if events and incarnation is not None
-        else []
-    )
-    queues = summarize(events)
+    written = tail.record(out, site=config.site, node=config.node)
+    events, missing, queues = tail.events, tail.missing, tail.queues
     published = {name: len(q.published) for name, q in queues.items() if q.published}
     where = ", ".join(str(p) for p in written) or "nothing to record"
     steps.say(

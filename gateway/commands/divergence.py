@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from gateway.config import load_sidecar_config
-from gateway.divergence import QueueTail, missing_ranges, read_tail, summarize, write_capture
+from gateway.divergence import QueueTail, tail_of
 from gateway.spoolfile import Event
 from protocol.errors import DrgateError
 
@@ -48,19 +48,9 @@ def run(args: argparse.Namespace) -> int:
     config = load_sidecar_config(args.config)
     if args.after < 0:
         raise DrgateError(f"--after must be a cseq (0 or more), not {args.after}")
-    spool = Path(config.spool_dir)
-    if not spool.is_dir():
-        raise DrgateError(f"{spool} (spool.directory of {args.config}) is not a directory")
-    events, incarnation = read_tail(spool, args.after)
-    missing = missing_ranges(events, args.after)
-    queues = summarize(events)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    written = (
-        write_capture(events, out, site=config.site, node=config.node, incarnation=incarnation)
-        if events and incarnation is not None
-        else []
-    )
+    tail = tail_of(config.spool_dir, args.after)
+    events, missing, queues = tail.events, tail.missing, tail.queues
+    written = tail.record(Path(args.out), site=config.site, node=config.node)
     result = {
         "site": config.site,
         "after": args.after,
