@@ -1,8 +1,8 @@
 """The sidecar config's ``link:`` section: the WAN link's ack batching, window,
 heartbeat and verification period (:class:`LinkSettings`) and its YAML loader.
 
-P's egress uses ``window_bytes`` (proposed in HELLO), ``heartbeat_ms`` /
-``heartbeat_timeout_ms`` and ``verify_s`` (gateway/verification.py); D's
+P's egress uses ``window_bytes`` (proposed in HELLO), ``linger_ms``,
+``heartbeat_ms`` / ``heartbeat_timeout_ms`` and ``verify_s`` (gateway/verification.py); D's
 ingress uses ``ack_events`` / ``ack_ms``
 (``qpid-route --ack N``'s counterpart), ``heartbeat_timeout_ms``, and grants
 the smaller of its own ``window_bytes`` and P's.  Both ends take the section;
@@ -20,6 +20,7 @@ from protocol.link.receiver import DEFAULT_ACK_DELAY, DEFAULT_ACK_EVERY_EVENTS
 from protocol.link.sender import (
     DEFAULT_BATCH_MAX_BYTES,
     DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_LINGER,
     DEFAULT_PING_INTERVAL,
     DEFAULT_WINDOW_BYTES,
 )
@@ -32,6 +33,9 @@ __all__ = ["DEFAULT_LINK_SETTINGS", "LinkSettings", "load_link_settings"]
 DEFAULT_ACK_MS: Final = round(DEFAULT_ACK_DELAY * 1000)
 DEFAULT_HEARTBEAT_MS: Final = round(DEFAULT_PING_INTERVAL * 1000)
 DEFAULT_HEARTBEAT_TIMEOUT_MS: Final = round(DEFAULT_HEARTBEAT_TIMEOUT * 1000)
+DEFAULT_LINGER_MS: Final = round(DEFAULT_LINGER * 1000)
+# A batch held a second is a second of lag at every load.
+MAX_LINGER_MS: Final = 1_000
 # A window must hold one full batch, or the sender could never fill a batch.
 MIN_WINDOW_BYTES: Final = DEFAULT_BATCH_MAX_BYTES
 # The HELLO field is a u32.
@@ -43,6 +47,7 @@ KEYS: Final = (
     "ack_events",
     "ack_ms",
     "window_bytes",
+    "linger_ms",
     "heartbeat_ms",
     "heartbeat_timeout_ms",
     "verify_s",
@@ -63,6 +68,7 @@ class LinkSettings:
     heartbeat_ms: int = DEFAULT_HEARTBEAT_MS  # P: a PING after this long without a frame
     heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS  # a peer silent this long is dead
     verify_s: int = DEFAULT_VERIFY_S  # P: the sites compare their copies this often (0: never)
+    linger_ms: int = DEFAULT_LINGER_MS  # P: an event waits this long for others to share its batch
 
     def sender_config(
         self, origin: str, target: str, *, incarnation: int, epoch: int
@@ -74,6 +80,7 @@ class LinkSettings:
             incarnation=incarnation,
             epoch=epoch,
             window_bytes=self.window_bytes,
+            linger=self.linger_ms / 1000,
             ping_interval=self.heartbeat_ms / 1000,
             heartbeat_timeout=self.heartbeat_timeout_ms / 1000,
         )
@@ -101,6 +108,7 @@ def load_link_settings(node: Node, problems: Problems) -> LinkSettings:
           ack_events: 256              # D acks after this many applied events
           ack_ms: 20                   # ... or this long after the first unacked one
           window_bytes: 8388608        # unacked bytes in flight (D grants min(P's, its own))
+          linger_ms: 0                 # P: how long an event waits for more to fill its batch
           heartbeat_ms: 5000           # P pings after this long without sending
           heartbeat_timeout_ms: 15000  # a peer silent this long is dead (> heartbeat_ms)
           verify_s: 60                 # P: the sites compare their copies this often (0: never)
@@ -115,6 +123,7 @@ def load_link_settings(node: Node, problems: Problems) -> LinkSettings:
         "heartbeat_ms": (100, MAX_HEARTBEAT_MS),
         "heartbeat_timeout_ms": (200, MAX_HEARTBEAT_MS),
         "verify_s": (0, MAX_VERIFY_S),
+        "linger_ms": (0, MAX_LINGER_MS),
     }
     values: dict[str, int] = {}
     for key, (low, high) in limits.items():

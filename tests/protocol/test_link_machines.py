@@ -239,6 +239,20 @@ def test_linger_holds_a_partial_batch_until_its_deadline() -> None:
     assert pair.sender.statistics().batches == 1
 
 
+def test_by_default_what_is_queued_at_a_pass_leaves_in_one_batch_at_once() -> None:
+    pair = LinkPair(sender={"ping_interval": 100.0})  # the default linger
+    pair.pump(1.0)
+    for seq in (1, 2, 3):
+        pair.sender.send_event(ev(seq))
+    pair.pump(1.0)  # no time passes
+    assert [e.seq for e in pair.applied] == [1, 2, 3]
+    pair.sender.send_event(ev(4))
+    pair.pump(1.0)
+    assert [e.seq for e in pair.applied] == [1, 2, 3, 4]
+    assert pair.sender.statistics().batches == 2
+    assert pair.sender.tick(1.0) == pytest.approx(16.0)  # no linger deadline: the heartbeat's
+
+
 def test_a_full_batch_goes_at_once_and_batches_split_by_count_and_size() -> None:
     pair = LinkPair(sender={"batch_max_events": 10, "batch_max_bytes": 1_000_000, "linger": 10.0})
     for seq in range(1, 26):
