@@ -20,7 +20,11 @@ node(s) per site (brokers in memory); RabbitMQ runs a transient variant
 (non-durable queues, transient messages) and a durable one (durable queues,
 persistent messages: each site fsyncs before it confirms).  The tables and
 the ratios drgate / RabbitMQ are printed at the end, with the CPU each
-RabbitMQ node and the WAN spent per message in the bursts.
+RabbitMQ node and the WAN spent per message in the bursts, and the clients'
+(the two publishers and the consumer, from ``RUSAGE_CHILDREN`` around the
+burst, less their start-up measured by a 10-message step just before): they
+run on the same cores, so CPUs / their µs per message is the highest burst
+any broker could deliver on this machine with these clients.
 
 Each RabbitMQ node runs in a temp dir of its own: its node name, AMQP port,
 distribution port, Erlang cookie (HOME), mnesia and log dirs, config file
@@ -37,6 +41,7 @@ import glob
 import json
 import os
 import re
+import resource
 import secrets
 import signal
 import socket
@@ -354,6 +359,33 @@ def sweep(two: Any, loads: list[int], step_s: float, publish_args: tuple[str, ..
     return rows
 
 
+def burst_with_clients(
+    two: Any,
+    address: str,
+    count: int,
+    publish_args: tuple[str, ...] = (),
+    meter: CpuMeter | None = None,
+) -> tuple[dict[str, Any], float, dict[str, float]]:
+    """The unpaced burst (e2e ``step``), the µs of CPU its client processes
+    spent per message delivered, their start-up left out (a step of 10
+    messages just before costs the same start-up), and what ``meter`` read
+    over the burst alone."""
+
+    def step(n: int, tag: str) -> tuple[dict[str, Any], float]:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        result = e2e.step(two, address, n, 0, tag, publish_args)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        spent = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        return result, spent
+
+    _, start_up = step(10, "s")
+    if meter is not None:
+        meter.start()
+    burst, spent = step(count, "b")
+    servers = meter.stop() if meter is not None else {}
+    return burst, 1e6 * max(0.0, spent - start_up) / max(1, burst["delivered"]), servers
+
+
 def two_address(two: Any) -> str:
     return ADDRESS if isinstance(two, RabbitPair) else e2e.QUEUE
 
@@ -362,10 +394,10 @@ def run_drgate(workdir: Path, nodes: int, args: argparse.Namespace) -> dict[str,
     print(f"drgate, {nodes} node(s) per site ...", flush=True)
     with TwoSites(nodes=nodes, delay_ms=args.delay_ms, workdir=workdir / f"drgate-{nodes}") as two:
         e2e.declare(two, e2e.QUEUE)
-        burst = e2e.step(two, e2e.QUEUE, args.burst, 0, "b")
+        burst, clients, _ = burst_with_clients(two, e2e.QUEUE, args.burst)
         print(f"    burst: {burst['delivered_per_s']:.0f}/s", flush=True)
         rows = sweep(two, args.load_list, args.step, ()) if nodes in args.sweep_nodes else []
-    return {"burst": burst, "rows": rows, "cpu": {}}
+    return {"burst": burst, "rows": rows, "cpu": {}, "clients_us": clients}
 
 
 def run_rabbit(workdir: Path, durable: bool, args: argparse.Namespace) -> dict[str, Any]:
@@ -373,10 +405,9 @@ def run_rabbit(workdir: Path, durable: bool, args: argparse.Namespace) -> dict[s
     print(f"RabbitMQ + shovel, {label} ...", flush=True)
     publish_args = ("--durable",) if durable else ()
     with RabbitPair(workdir / f"rabbit-{label}", durable=durable, delay_ms=args.delay_ms) as two:
-        meter = CpuMeter(two.pids())
-        meter.start()
-        burst = e2e.step(two, ADDRESS, args.burst, 0, "b", publish_args)
-        spent = meter.stop()
+        burst, clients, spent = burst_with_clients(
+            two, ADDRESS, args.burst, publish_args, CpuMeter(two.pids())
+        )
         if burst["delivered"] < args.burst:
             raise RuntimeError(
                 f"RabbitMQ {label}: the burst delivered {burst['delivered']} of {args.burst}: "
@@ -385,7 +416,7 @@ def run_rabbit(workdir: Path, durable: bool, args: argparse.Namespace) -> dict[s
         print(f"    burst: {burst['delivered_per_s']:.0f}/s", flush=True)
         rows = sweep(two, args.load_list, args.step, publish_args)
     cpu = {k: 1e6 * v / max(1, burst["delivered"]) for k, v in spent.items()}
-    return {"burst": burst, "rows": rows, "cpu": cpu}
+    return {"burst": burst, "rows": rows, "cpu": cpu, "clients_us": clients}
 
 
 # -- report ---------------------------------------------------------------------------
@@ -433,9 +464,15 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
             lag = lag_at(results[n]["rows"], load)
             cells.append("—" if lag is None else f"{lag:.0f} ms")
         line(f"lag p99 at {load}/s offered", cells)
+    cpus = os.cpu_count() or 1
     for n in names:
         for role, us in results[n]["cpu"].items():
             print(f"  {n}: {role} {us:.0f} µs CPU per message (burst)")
+        clients = results[n]["clients_us"]
+        print(
+            f"  {n}: clients (2 publishers, 1 consumer) {clients:.0f} µs CPU per message "
+            f"(burst): on {cpus} CPUs they alone allow {1e6 * cpus / max(1.0, clients):.0f}/s"
+        )
     rabbits = [n for n in names if n.startswith("RabbitMQ")]
     drgates = [n for n in names if n.startswith("drgate")]
     print("\nratios drgate / RabbitMQ (burst delivered/s; highest load kept)")
