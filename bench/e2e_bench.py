@@ -42,7 +42,12 @@ carries the link, the ingress, D's standby sidecars, the D broker serving the
 consumer, D's other brokers, and each site's bus.  The client processes are
 not counted.  With ``--profile DIR`` and py-spy available (on the PATH or
 ``PY_SPY=...``) a second burst runs with py-spy recording the egress and the
-ingress, and the top functions are printed (and written to DIR).
+ingress, and the top functions are printed (and written to DIR).  With
+``--cpu-paced 500,1000,2000`` (alone, or with ``--cpu-only``): the same table
+for paced loads through one pair of fresh sites of the first ``--cpu-nodes``
+size (each load for ``--step`` seconds), with the share of the machine's
+cores all processes used and the lag: what a message costs when each one
+wakes every process on its way, as at any load below saturation.
 
 Metrics cost: one burst of unpaced publishes on fresh sites with
 metrics off and on (``TwoSites(metrics=False|True)``); the ratio of delivered/s
@@ -62,6 +67,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -283,10 +289,46 @@ def cpu_burst(
     }
 
 
+def cpu_paced(workdir: Path, nodes: int, loads: list[int], step_s: float) -> list[dict[str, Any]]:
+    """µs CPU per delivered message of each process role at each paced
+    load (``step_s`` seconds each) through one pair of fresh sites, with the
+    share of the machine's cores all processes used over the step."""
+    results = []
+    with TwoSites(nodes=nodes, delay_ms=25, metrics=True, workdir=workdir / "cpu-paced") as two:
+        declare(two, QUEUE)
+        roles = process_roles(two)
+        for load in loads:
+            print(f"CPU at {load} msgs/s offered, {nodes} node(s) per site ...", flush=True)
+            meter = CpuMeter({name: pid for name, (_role, pid) in roles.items()})
+            start = time.monotonic()
+            meter.start()
+            result = step(two, QUEUE, int(load * step_s), load, f"cp{load}-")
+            spent = meter.stop()
+            elapsed = time.monotonic() - start
+            delivered = max(1, result["delivered"])
+            by_role: dict[str, list[float]] = {}
+            for name, seconds in spent.items():
+                by_role.setdefault(roles[name][0], []).append(1e6 * seconds / delivered)
+            results.append(
+                {
+                    "label": f"{load}/s offered",
+                    "delivered_per_s": result["delivered_per_s"],
+                    "us_per_message": by_role,
+                    "total_us": sum(sum(v) for v in by_role.values()),
+                    "cores": sum(spent.values()) / elapsed,
+                    "p50_ms": result["p50_ms"],
+                    "p99_ms": result["p99_ms"],
+                }
+            )
+    return results
+
+
 def print_cpu(results: list[dict[str, Any]]) -> None:
-    """The µs CPU per message table, one column per site size."""
+    """The µs CPU per message table, one column per site size (or load)."""
     header = f"{'process role (µs CPU / message delivered at D)':<46}"
-    header += "".join(f"{str(r['nodes']) + ' node(s)/site':>26}" for r in results)
+    header += "".join(
+        f"{r.get('label', str(r.get('nodes')) + ' node(s)/site'):>26}" for r in results
+    )
     print("\n" + header)
     roles = list(CPU_ROLES)
     for r in results:
@@ -303,10 +345,21 @@ def print_cpu(results: list[dict[str, Any]]) -> None:
                 cells.append(" / ".join(f"{v:.0f}" for v in sorted(values)) + " each")
         print(f"{role:<46}" + "".join(f"{c:>26}" for c in cells))
     print(f"{'all processes':<46}" + "".join(f"{r['total_us']:>26.0f}" for r in results))
+    paced = all("cores" in r for r in results)
     print(
-        f"{'burst delivered/s at D':<46}"
+        f"{'delivered/s at D' if paced else 'burst delivered/s at D':<46}"
         + "".join(f"{r['delivered_per_s']:>26.0f}" for r in results)
     )
+    if paced:
+        cores = os.cpu_count() or 1
+        print(
+            f"{f'cores busy, all processes (of {cores})':<46}"
+            + "".join(f"{r['cores']:>26.2f}" for r in results)
+        )
+        print(
+            f"{'lag p50 / p99 (ms)':<46}"
+            + "".join(f"{r['p50_ms']:>17.0f} / {r['p99_ms']:>4.0f}" for r in results)
+        )
 
 
 def bus_ceiling(backend: str, count: int) -> float:
@@ -392,6 +445,10 @@ def resync_rate(workdir: Path, count: int) -> dict[str, float]:
 
 def run_cpu(workdir: Path, args: argparse.Namespace) -> None:
     sizes = [int(n) for n in args.cpu_nodes.split(",")]
+    if args.cpu_paced:
+        loads = [int(x) for x in args.cpu_paced.split(",")]
+        print_cpu(cpu_paced(workdir, sizes[0], loads, args.step))
+        return
     results = []
     for nodes in sizes:
         print(f"CPU burst of {args.cpu_burst}, {nodes} node(s) per site ...", flush=True)
@@ -466,6 +523,9 @@ def main() -> int:
     parser.add_argument("--cpu-nodes", default="3,1", help="site sizes of the CPU bursts")
     parser.add_argument("--cpu-size", type=int, default=0, help="message bytes (0: ~10)")
     parser.add_argument(
+        "--cpu-paced", default=None, help="only CPU per message at these paced loads, e.g. 500,1000"
+    )
+    parser.add_argument(
         "--profile", type=Path, default=None, help="py-spy egress, ingress, end brokers into DIR"
     )
     parser.add_argument(
@@ -483,9 +543,9 @@ def main() -> int:
         print(f"bursts at {delays} ms one way ...", flush=True)
         wan_delays(workdir, delays, args.wan_burst, args.wan_size, args.wan_rounds)
         return 0
-    if args.cpu or args.cpu_only:
+    if args.cpu or args.cpu_only or args.cpu_paced:
         run_cpu(workdir, args)
-        if args.cpu_only:
+        if args.cpu_only or args.cpu_paced:
             return 0
 
     print("embedded bus ceiling (3 members, 200 B) ...", flush=True)
