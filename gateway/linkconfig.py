@@ -2,8 +2,8 @@
 heartbeat and verification period (:class:`LinkSettings`) and its YAML loader.
 
 P's egress uses ``window_bytes`` (proposed in HELLO), ``linger_ms``,
-``heartbeat_ms`` / ``heartbeat_timeout_ms`` and ``verify_s`` (gateway/verification.py); D's
-ingress uses ``ack_events`` / ``ack_ms``
+``heartbeat_ms`` / ``heartbeat_timeout_ms`` and ``verify_s``
+(gateway/verification.py); D's ingress uses ``ack_events`` / ``ack_ms``
 (``qpid-route --ack N``'s counterpart), ``heartbeat_timeout_ms``, and grants
 the smaller of its own ``window_bytes`` and P's.  Both ends take the section;
 a key one end does not use is accepted there, so P and D can share a file.
