@@ -817,10 +817,13 @@ def _superseded(state: SiteState, cmd: Superseded, sender: Sender | None, eff: E
     guarded queues are refused from now on (see ``_publish``).  Not by a
     site this one replaced by a failover (a stale claim: after a failback
     by delta's ``ADOPT`` that old primary refuses this site's stream until
-    it rejoins)."""
+    it rejoins), nor by the site this one handed over to and is the DR site
+    of since its ``SWAP`` (a refusal of this site's egress posted before its
+    role changed and applied after)."""
     o = state.origins.get(cmd.by_cluster)
     replaced = o is not None and o.promoted and cmd.by_cluster not in state.handovers
-    if state.superseded_by or (replaced and state.switchover_to != cmd.by_cluster):
+    swapped_with = state.handed_to == cmd.by_cluster and not state.switchover_to
+    if state.superseded_by or swapped_with or (replaced and state.switchover_to != cmd.by_cluster):
         state.count("ignored")  # the first report stands until SetEpoch
         return
     state.superseded_by = cmd.by_cluster

@@ -71,6 +71,7 @@ __all__ = [
     "failing_back",
     "guard_text",
     "handover",
+    "handover_confirmed",
     "rejoin_done",
     "swap_in",
     "swapped_text",
@@ -134,6 +135,17 @@ def frozen(state: SiteState, queue: str) -> bool:
 def handed_over(state: SiteState) -> bool:
     """Did this site hand its role over to the site it is superseded by?"""
     return bool(state.superseded_by) and state.switchover_to == state.superseded_by
+
+
+def handover_confirmed(state: SiteState, to: str, was_swapped: bool) -> bool:
+    """``drgate switchover``'s wait after its ``HANDOVER``: ``to`` took over,
+    as the supersession this site's refused egress records
+    (:func:`handed_over`), or, when ``to``'s ``SWAP`` followed that and
+    ended it before the command looked, as this site being ``to``'s DR site
+    with its roles flipped since the command read ``was_swapped``."""
+    if handed_over(state):
+        return state.superseded_by == to
+    return state.handed_to == to and state.swapped != was_swapped
 
 
 def switching(state: SiteState, queue: str) -> bool:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from cluster.state import SiteState
-from cluster.state.switchover import handed_over
+from cluster.state.switchover import handed_over, handover_confirmed
 from gateway.config import load_sidecar_config
 from gateway.content import MESSAGE_MODES
 from gateway.netns import enter_bus_netns
@@ -153,7 +153,7 @@ async def _switchover(config: SidecarConfig, limit_s: float, steps: Steps) -> di
         handover = pc.Switchover(to, pc.SwitchoverPhase.HANDOVER, _now_us(), frozen)
         handover_at = await member.submit_and_wait(handover)
         steps.say("handover", f"at cseq {handover_at}: {to} is promoted when it applies it")
-        confirmed = await _wait(lambda: handed_over(member.state), limit_s)
+        confirmed = await _wait(lambda: handover_confirmed(member.state, to, was_swapped), limit_s)
         window_s = time.monotonic() - window_start
         result: dict[str, object] = {
             "site": config.site,

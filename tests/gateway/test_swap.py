@@ -9,7 +9,7 @@ from __future__ import annotations
 from cluster.siteview import describe
 from cluster.state import Promoted, Reason, Refused, Verified, apply, new_state, read_only_origin
 from cluster.state.model import SiteState
-from cluster.state.switchover import handed_over
+from cluster.state.switchover import handed_over, handover_confirmed
 from cluster.state.views import applied
 from filters.rules import load_rules
 from gateway.fencing import refusal
@@ -175,6 +175,37 @@ def test_after_a_switchover_p_is_d_s_dr_site_from_d_s_swap_without_a_resync() ->
     assert pair.p.ids("e.q")[-1] == "d-e.q-0"
     got = verified(pair)
     assert sorted(got) == ["e.q", "f.q"] and all(v.ok for v in got.values()), got
+
+
+def test_the_handover_stays_confirmed_when_the_new_primary_s_swap_follows_it_at_once() -> None:
+    """``drgate switchover`` polls for the handover after posting it: the
+    supersession its egress records is ended by D's SWAP a few ms later (a
+    fresh-clone run missed that window and waited out its timeout), so the
+    command also counts the roles flipped since it began."""
+    pair = loaded()
+    was_swapped = pair.p.state.swapped
+    assert not handover_confirmed(pair.p.state, "site-d", was_swapped)
+    pair.switch_over()
+    p = pair.p.state
+    assert not handed_over(p)  # the supersession the egress recorded is over
+    assert handover_confirmed(p, "site-d", was_swapped)
+    assert not handover_confirmed(p, "site-x", was_swapped)
+
+
+def test_a_late_supersession_by_the_site_it_swapped_with_is_ignored() -> None:
+    """A second refusal of P's egress by D ("handed over") posted before P's
+    role changed can be applied after D's SWAP: P is D's DR site by its own
+    handover then, not a primary D was promoted over."""
+    pair = loaded()
+    pair.switch_over()
+    p = pair.p.state
+    ignored = p.counters["ignored"]
+    apply(p, pc.Superseded("site-d", T, {"f.q": None, "e.q": None}), sender=A)
+    assert p.superseded_by == "" and p.handed_to == "site-d"
+    assert p.counters["ignored"] == ignored + 1
+    # D's stream still reaches P.
+    pair.run(pc.Publish("", "f.q", b"d-0", "d-f.q-0"))
+    assert pair.p.ids("f.q")[-1] == "d-f.q-0"
 
 
 def test_what_p_s_consumer_held_is_let_go_when_p_becomes_the_dr_site() -> None:
