@@ -275,18 +275,24 @@ def cpu_burst(
             f"the CPU burst delivered {result['delivered']} of {count} at D: "
             f"{result['errors']}; logs in {workdir / label}"
         )
-    delivered = max(1, result["delivered"])
-    by_role: dict[str, list[float]] = {}
-    for name, seconds in spent.items():
-        by_role.setdefault(roles[name][0], []).append(1e6 * seconds / delivered)
     return {
         "nodes": nodes,
         "delivered": result["delivered"],
         "delivered_per_s": result["delivered_per_s"],
-        "us_per_message": by_role,
-        "total_us": sum(sum(v) for v in by_role.values()),
+        **per_message(spent, roles, result["delivered"]),
         "profiles": files,
     }
+
+
+def per_message(
+    spent: dict[str, float], roles: dict[str, tuple[str, int]], delivered: int
+) -> dict[str, Any]:
+    """µs of CPU per delivered message of each process (``spent``: seconds
+    by process name), grouped by role, and their sum."""
+    by_role: dict[str, list[float]] = {}
+    for name, seconds in spent.items():
+        by_role.setdefault(roles[name][0], []).append(1e6 * seconds / max(1, delivered))
+    return {"us_per_message": by_role, "total_us": sum(sum(v) for v in by_role.values())}
 
 
 def cpu_paced(workdir: Path, nodes: int, loads: list[int], step_s: float) -> list[dict[str, Any]]:
@@ -305,16 +311,11 @@ def cpu_paced(workdir: Path, nodes: int, loads: list[int], step_s: float) -> lis
             result = step(two, QUEUE, int(load * step_s), load, f"cp{load}-")
             spent = meter.stop()
             elapsed = time.monotonic() - start
-            delivered = max(1, result["delivered"])
-            by_role: dict[str, list[float]] = {}
-            for name, seconds in spent.items():
-                by_role.setdefault(roles[name][0], []).append(1e6 * seconds / delivered)
             results.append(
                 {
                     "label": f"{load}/s offered",
                     "delivered_per_s": result["delivered_per_s"],
-                    "us_per_message": by_role,
-                    "total_us": sum(sum(v) for v in by_role.values()),
+                    **per_message(spent, roles, result["delivered"]),
                     "cores": sum(spent.values()) / elapsed,
                     "p50_ms": result["p50_ms"],
                     "p99_ms": result["p99_ms"],

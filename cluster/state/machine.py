@@ -72,6 +72,7 @@ from cluster.state.switchover import (
     failing_back,
     frozen,
     guard_text,
+    stale_supersession,
     swapped_text,
     switching,
     switchover,
@@ -814,16 +815,9 @@ def _set_epoch(state: SiteState, cmd: SetEpoch, sender: Sender | None, eff: Effe
 
 def _superseded(state: SiteState, cmd: Superseded, sender: Sender | None, eff: Effects) -> None:
     """``cmd.by_cluster`` was promoted over this site: publishes to the
-    guarded queues are refused from now on (see ``_publish``).  Not by a
-    site this one replaced by a failover (a stale claim: after a failback
-    by delta's ``ADOPT`` that old primary refuses this site's stream until
-    it rejoins), nor by the site this one handed over to and is the DR site
-    of since its ``SWAP`` (a refusal of this site's egress posted before its
-    role changed and applied after)."""
-    o = state.origins.get(cmd.by_cluster)
-    replaced = o is not None and o.promoted and cmd.by_cluster not in state.handovers
-    swapped_with = state.handed_to == cmd.by_cluster and not state.switchover_to
-    if state.superseded_by or swapped_with or (replaced and state.switchover_to != cmd.by_cluster):
+    guarded queues are refused from now on (see ``_publish``), unless the
+    claim is stale (:func:`stale_supersession`)."""
+    if state.superseded_by or stale_supersession(state, cmd.by_cluster):
         state.count("ignored")  # the first report stands until SetEpoch
         return
     state.superseded_by = cmd.by_cluster

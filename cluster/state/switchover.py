@@ -73,6 +73,7 @@ __all__ = [
     "handover",
     "handover_confirmed",
     "rejoin_done",
+    "stale_supersession",
     "swap_in",
     "swapped_text",
     "swapping",
@@ -146,6 +147,20 @@ def handover_confirmed(state: SiteState, to: str, was_swapped: bool) -> bool:
     if handed_over(state):
         return state.superseded_by == to
     return state.handed_to == to and state.swapped != was_swapped
+
+
+def stale_supersession(state: SiteState, by: str) -> bool:
+    """Does a ``Superseded`` by ``by`` no longer mean that ``by`` was
+    promoted over this site?  When this site replaced ``by`` by a failover
+    (after a failback by delta's ``ADOPT`` that old primary refuses this
+    site's stream until it rejoins), or is ``by``'s DR site since its
+    ``SWAP`` or this site's ``REJOIN`` (a refusal of this site's egress
+    posted before its role changed and applied after)."""
+    o = state.origins.get(by)
+    replaced = o is not None and o.promoted and by not in state.handovers
+    if replaced and state.switchover_to != by:
+        return True
+    return state.handed_to == by and not state.switchover_to
 
 
 def switching(state: SiteState, queue: str) -> bool:
