@@ -239,8 +239,8 @@ def test_linger_holds_a_partial_batch_until_its_deadline() -> None:
     assert pair.sender.statistics().batches == 1
 
 
-def test_by_default_what_is_queued_at_a_pass_leaves_in_one_batch_at_once() -> None:
-    pair = LinkPair(sender={"ping_interval": 100.0})  # the default linger
+def test_without_linger_what_is_queued_at_a_pass_leaves_in_one_batch_at_once() -> None:
+    pair = LinkPair(sender={"ping_interval": 100.0, "linger": 0.0})
     pair.pump(1.0)
     for seq in (1, 2, 3):
         pair.sender.send_event(ev(seq))
