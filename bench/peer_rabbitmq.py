@@ -44,7 +44,6 @@ import re
 import resource
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -60,7 +59,7 @@ import e2e_bench as e2e  # noqa: E402
 from proccpu import CpuMeter  # noqa: E402
 
 from lab.lifetime import Started  # noqa: E402
-from lab.site import TwoSites  # noqa: E402
+from lab.site import TwoSites, free_port  # noqa: E402
 
 RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
 RABBIT_PLUGINS = "/usr/lib/rabbitmq/lib/rabbitmq_server-*/plugins"
@@ -85,18 +84,10 @@ def rabbit_missing() -> str | None:
     return None
 
 
-def pick_port(low: int = 20000, high: int = 32000) -> int:
-    """A free loopback port in [low, high), below Linux's ephemeral range
-    (32768 up); RabbitMQ's CLI tools take the distribution port + 10000."""
-    for _ in range(200):
-        port = secrets.randbelow(high - low) + low
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in [{low}, {high})")
+def pick_port() -> int:
+    """A free loopback port below Linux's ephemeral range (32768 up) with
+    room above it: RabbitMQ's CLI tools take the distribution port + 10000."""
+    return free_port(range(20000, 32000))
 
 
 def stop_pid(popen: subprocess.Popen[Any], sig: int = signal.SIGTERM) -> None:

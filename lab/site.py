@@ -330,14 +330,45 @@ def finish_client(popen: subprocess.Popen[str], *, timeout: float = 300.0) -> di
     return result
 
 
-def free_port() -> int:
-    """A TCP port free on loopback now (the lab's processes bind it next)."""
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_ports() -> range:
+    """The ports the kernel gives outgoing connections (and ``bind(0)``)."""
+    try:
+        low, high = (int(x) for x in EPHEMERAL_RANGE.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return range(low, high + 1)
+
+
+def free_port(within: range | None = None) -> int:
+    """A TCP port free on loopback now, for a lab process to bind next.
+
+    Chosen outside the ephemeral range (or from ``within``, which the caller
+    keeps outside it): a port from ``bind(0)`` can be taken by any outgoing
+    connection before its owner binds it, among them a WAN emulator
+    redialling that very port while nothing listens there (a TCP
+    self-connect; CI failed a test on ``Address already in use``)."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    ephemeral = ephemeral_ports()
+    ranges = (
+        [within]
+        if within is not None
+        else [range(20000, ephemeral.start), range(ephemeral.stop, 65536)]
+    )
+    candidates = [r for r in ranges if len(r) > 0]
+    for _ in range(200 if candidates else 0):
+        port = random.choice(random.choice(candidates))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise SiteError(f"no free TCP port in {ranges} after 200 tries")
 
 
 # The rules of the lab and the demo, shipped with the package.
