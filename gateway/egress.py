@@ -371,8 +371,8 @@ class Egress:
         self._refusal = ""
         self.partitioned = False
         session.last_queued = ev.resume_from
-        # D applied up to resume_from: as good as an ack (a converged link
-        # may never carry another one).
+        # D applied up to resume_from, and (journaled D) has it on disk: as
+        # good as an ack (a converged link may never carry another one).
         self._acked_up_to(ev.resume_from)
         # D applied nothing of this incarnation (a new D, or one that accepted
         # a new incarnation), less than the spool reaches back to, or found a

@@ -7,7 +7,11 @@ answers HELLO with D's ``applied[origin incarnation]``, read from the site
 state, so a new ingress resumes where the old one stopped; a standby refuses
 with a retriable error naming the active ingress, and the egress moves on.
 A HELLO from a primary this site was promoted over (R7) or from an
-incarnation D has not accepted is refused for good.
+incarnation D has not accepted is refused for good.  The egress takes the
+resume point as an ack, so with journals the WELCOME waits, as an ack does,
+until D's brokers have on disk what D applied of the stream, and refuses
+for now (``NOT_DURABLE``, retriable) when they do not within
+:data:`WELCOME_DURABLE_WAIT_S`.
 
 Unless the config says ``insecure: true``, a connection is mutual TLS: the
 handshake (bounded by :data:`HANDSHAKE_TIMEOUT_S`) checks the egress's
@@ -74,6 +78,9 @@ IDLE_WAIT_S = 1.0
 # A TLS handshake that takes longer is abandoned: a peer that connects and
 # says nothing does not hold a connection.
 HANDSHAKE_TIMEOUT_S = 10.0
+# How long a HELLO waits for D's brokers to journal what D applied of the
+# stream before it is refused for now (NOT_DURABLE); a group commit takes ms.
+WELCOME_DURABLE_WAIT_S = 5.0
 
 # (the last seq it holds, or a resync piece's index; the admitted events'
 # bus frames, or a resync's piece or commit, which goes through D's bus alone)
@@ -206,12 +213,46 @@ class Ingress:
         if not_active is not None:
             code = int(link.LinkErrorCode.NOT_ACTIVE)
             return receiver.refuse(code, not_active, retriable=True), False
+        not_durable = self.not_durable(hello.origin_cluster)
+        if not_durable is not None:
+            self.status.last_error = (
+                f"ingress: refused {hello.origin_cluster} for now: {not_durable}"
+            )
+            log.warning("%s", self.status.last_error)
+            code = int(link.LinkErrorCode.NOT_DURABLE)
+            return receiver.refuse(code, not_durable, retriable=True), False
         resume = resume_from(self.member.state, hello)
         self.status.state, self.status.peer = "up", hello.origin_cluster
         log.info("ingress: link up from %s, resuming after %d", hello.origin_cluster, resume)
         window = min(hello.window_bytes, self.config.link.window_bytes)
         held = rs.welcome_holdings(self.member.state, hello.origin_cluster, resume)
         return receiver.accept(resume, window, trio.current_time(), holdings=held), True
+
+    async def wait_resume_durable(self, hello: link.Hello) -> None:
+        """Wait, up to :data:`WELCOME_DURABLE_WAIT_S`, until what D applied of
+        ``hello``'s stream is on a D broker's disk (:meth:`not_durable`)."""
+        with trio.move_on_after(WELCOME_DURABLE_WAIT_S):
+            while self.not_durable(hello.origin_cluster) is not None:
+                await self.durable.next_change.wait()
+
+    def not_durable(self, origin: str) -> str | None:
+        """Why a WELCOME may not name what D applied of ``origin`` yet, or None.
+
+        The egress drops its spool up to the WELCOME's resume point as it
+        does on an ack, so with journals the resume point too must be on a D
+        broker's disk: the cseq at which D last applied the origin's stream
+        must be under D's durable watermark.  (A standby that took the link
+        over while D's brokers were stopped had applied what no journal held;
+        its WELCOME let P drop it, and the power cut that followed lost it.)"""
+        o = self.member.state.origins.get(origin)
+        if o is None or self.durable.covers(o.last_cseq):
+            return None
+        return (
+            f"{self.config.site} applied {origin}'s stream up to its cseq {o.last_cseq}, "
+            f"but its brokers' journals hold only up to cseq {self.member.state.durable_cseq} "
+            f"(a stopped broker or a slow disk?); the link waits for them, since "
+            f"{origin} drops from its spool what it is told {self.config.site} has"
+        )
 
     def not_active(self) -> str | None:
         """Why this sidecar takes no link (it is not the active ingress), or None."""
@@ -366,6 +407,7 @@ class _Connection:
             if ev is link.NEED_DATA:
                 return
             if isinstance(ev, link.Hello):
+                await ingress.wait_resume_durable(ev)
                 answer, self.accepted = ingress.answer_hello(receiver, ev)
                 self.refused = not self.accepted
                 ingress.links_up += self.accepted

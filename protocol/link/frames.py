@@ -159,6 +159,11 @@ class LinkErrorCode(enum.IntEnum):
     still runs as a primary.  Not retriable: both park until an operator
     decides which site stays primary (sent to a sender of minor 2 or later;
     an older one gets ``STALE_EPOCH``)."""
+    NOT_DURABLE = 27
+    """The receiver applied events of the sender's stream that its brokers
+    have not journaled yet (a stopped broker, a slow disk): a WELCOME would
+    let the sender drop them from its spool, and a power cut at the
+    receiver would lose them.  Retriable (an older sender sees the number)."""
     INTERNAL = 39
 
 

@@ -139,6 +139,20 @@ def test_primary_killed_whole_while_publishing_recovers_all_it_settled(two: TwoS
     lab.wait_for("the stream after the recovery reaches D", lambda: converged(two))
 
 
+def knocked(two: TwoSites, gone: int) -> bool:
+    """A D sidecar other than ``gone`` is the ingress and answered P's HELLO
+    (welcomed it, or refused it for now)."""
+    for n in two.nodes:
+        if n == gone:
+            continue
+        doc = status(two, "site-d", n)
+        if doc["role"] == "ingress" and (
+            doc["link_state"] == "up" or "for now" in str(doc["last_error"])
+        ):
+            return True
+    return False
+
+
 def ingested(two: TwoSites) -> int:
     """Events D's sidecars applied from the link (their metrics)."""
     total = 0.0
@@ -157,8 +171,14 @@ def test_dr_site_killed_whole_while_p_publishes_resumes_the_link_without_a_resyn
     total = load(two)
     lab.wait_for("D took the first resync (it held nothing)", lambda: converged(two))
     resyncs_before = resyncs(two, "site-p")
+    # Paced to last about five seconds (as P's kill above): D's brokers must
+    # stop with enough of the load still to come (unpaced, a fast ring once
+    # had it all at D before they stopped).
+    rate = str(total // 5)
     publishers = {
-        q: two.p.client_popen(1, "publish", two.p.amqp[1], q, "--count", str(total), "--durable")
+        q: two.p.client_popen(
+            1, "publish", two.p.amqp[1], q, "--count", str(total), "--durable", "--rate", rate
+        )
         for q in MODES
     }
     lab.wait_for(
@@ -175,7 +195,15 @@ def test_dr_site_killed_whole_while_p_publishes_resumes_the_link_without_a_resyn
     lab.wait_for(
         "D's sidecars applied more than D's journals hold", lambda: ingested(two) >= before + 200
     )
-    kill_site(two, two.d, brokers + [f"sidecar-{n}" for n in two.nodes])
+    # D's ingress dies first, and a standby that applied as much takes the
+    # link over before the power goes: its WELCOME must not tell P that D has
+    # what no D journal holds (P drops its spool there as on an ack; a
+    # fresh-clone run lost the race and P resynced D).
+    sidecars = [f"sidecar-{n}" for n in two.nodes]
+    first = next(n for n in two.nodes if status(two, "site-d", n)["role"] == "ingress")
+    two.d.kill(f"sidecar-{first}", signal.SIGKILL)
+    lab.wait_for("P's egress knocked at D's next ingress", lambda: knocked(two, first))
+    kill_site(two, two.d, brokers + [s for s in sidecars if s != f"sidecar-{first}"])
     settled = {q: int(finish_client(p)["accepted"]) for q, p in publishers.items()}
     assert settled == dict.fromkeys(MODES, total), "P's publishers are not D's business"
 

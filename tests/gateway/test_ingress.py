@@ -131,6 +131,38 @@ async def test_with_journals_an_ack_waits_until_a_d_broker_has_the_event_on_disk
         assert (await end.next_of(link.Acked)).seq == 2
 
 
+async def test_with_journals_the_welcome_waits_until_what_d_applied_is_on_a_d_broker_s_disk(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """P drops its spool up to the WELCOME's resume point as it does on an
+    ack.  A D standby that takes the link over while D's brokers are stopped
+    (a slow disk) held events no journal had: its WELCOME made P drop them,
+    and the power cut that followed lost them (a fresh-clone run resynced D).
+    The WELCOME waits for D's disk like an ack, and refuses for now if it
+    does not come."""
+    journaled = BusConfig("memory", "site-d", 1, expect_brokers=3)
+    member = MemberStandIn("site-d", bus_config=journaled)
+    member.apply(pc.Replicated("site-p", INCARNATION, 41, 1, 0, (), ()))
+    applied_at = member.state.cseq
+    ingress = make_ingress(tmp_path, member)
+    async with connected(ingress) as end:
+        await end.stream.send_all(end.machine.start(trio.current_time(), resume_point=0))
+        await end.pump_for(1)
+        assert not any(isinstance(e, link.Welcome) for e in end.events)
+        durable_on_disk(member, ingress, applied_at)
+        welcome = await end.next_of(link.Welcome)
+        assert welcome.resume_from == 41
+
+    member.apply(pc.Replicated("site-p", INCARNATION, 42, 1, 0, (), ()))
+    async with connected(ingress) as end:  # D's brokers never report it
+        await end.stream.send_all(end.machine.start(trio.current_time(), resume_point=0))
+        error = await end.next_of(link.PeerError)
+        assert error.retriable
+        assert error.code == link.LinkErrorCode.NOT_DURABLE
+        assert "journal" in error.text and "site-p" in error.text
+        assert not any(isinstance(e, link.Welcome) for e in end.events)
+
+
 async def test_standby_refuses_and_names_itself(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
