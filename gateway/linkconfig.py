@@ -108,7 +108,7 @@ def load_link_settings(node: Node, problems: Problems) -> LinkSettings:
           ack_events: 256              # D acks after this many applied events
           ack_ms: 20                   # ... or this long after the first unacked one
           window_bytes: 8388608        # unacked bytes in flight (D grants min(P's, its own))
-          linger_ms: 5                 # P: how long an event waits for more to fill its batch
+          linger_ms: 0                 # P: how long an event waits for more to fill its batch
           heartbeat_ms: 5000           # P pings after this long without sending
           heartbeat_timeout_ms: 15000  # a peer silent this long is dead (> heartbeat_ms)
           verify_s: 60                 # P: the sites compare their copies this often (0: never)

@@ -25,7 +25,7 @@ def test_the_defaults_are_the_link_machines_own() -> None:
     sender = settings.sender_config("p", "d", incarnation=1, epoch=1)
     receiver = settings.receiver_config("d")
     assert (sender.ping_interval, sender.heartbeat_timeout) == (5.0, 15.0)
-    assert (settings.linger_ms, sender.linger) == (5, 0.005)
+    assert (settings.linger_ms, sender.linger) == (0, 0.0)
     assert (receiver.ack_every_events, receiver.ack_delay) == (256, 0.02)
 
 
@@ -45,8 +45,8 @@ def test_link_values_reach_both_ends(tmp_path: Path) -> None:
     )
     assert config.link.verify_s == 60  # the default
     assert load_sidecar_config(str(with_link(tmp_path, "{verify_s: 0}"))).link.verify_s == 0
-    lingering = load_sidecar_config(str(with_link(tmp_path, "{linger_ms: 0}"))).link
-    assert lingering.sender_config("p", "d", incarnation=1, epoch=1).linger == 0.0
+    lingering = load_sidecar_config(str(with_link(tmp_path, "{linger_ms: 5}"))).link
+    assert lingering.sender_config("p", "d", incarnation=1, epoch=1).linger == 0.005
     receiver = config.link.receiver_config("d")
     assert (receiver.ack_every_events, receiver.ack_delay, receiver.heartbeat_timeout) == (
         50,
