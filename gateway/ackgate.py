@@ -13,6 +13,16 @@ event was applied, until that watermark covers it.  Then D survives a whole-
 site restart with every acked event in its journal, and P resends from its
 spool whatever D had not acked: the link resumes without a resync.
 
+The egress drops its spool up to a WELCOME's resume point as it does on an
+ack, so the resume point obeys the same rule: the D cseq at which D last
+applied the origin's stream (``Origin.last_cseq``) must be under the
+watermark.  The ingress waits for it (:meth:`DurableWatermark.wait_resume`,
+up to :data:`RESUME_WAIT_S`) and otherwise refuses the HELLO for now
+(:meth:`DurableWatermark.resume_refusal`, ``NOT_DURABLE``).  A standby that
+took the link over while D's brokers were stopped had applied what no
+journal held; its WELCOME let P drop it, and the power cut that followed
+lost it.
+
 One ack covers every seq released at once (P's acks stay batched).  Nothing
 polls: the sidecar's observer hook calls :meth:`DurableWatermark.advanced`
 when a ``Durable`` is applied, which wakes every gate waiting on it.
@@ -29,6 +39,12 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import trio
+
+from cluster.state.model import SiteState
+
+# How long a HELLO waits for D's brokers to journal what D applied of the
+# stream before it is refused for now (NOT_DURABLE); a group commit takes ms.
+RESUME_WAIT_S = 5.0
 
 
 class DurableWatermark:
@@ -54,6 +70,31 @@ class DurableWatermark:
         snapshot replaced the state): every waiter looks again."""
         self._changed.set()
         self._changed = trio.Event()
+
+    def resume_covered(self, state: SiteState, origin: str) -> bool:
+        """What the site applied of ``origin``'s stream is on a D broker's disk."""
+        o = state.origins.get(origin)
+        return o is None or self.covers(o.last_cseq)
+
+    def resume_refusal(self, state: SiteState, site: str, origin: str) -> str | None:
+        """Why a WELCOME may not name what ``site`` applied of ``origin``'s
+        stream yet, or None."""
+        if self.resume_covered(state, origin):
+            return None
+        return (
+            f"{site} applied {origin}'s stream up to its cseq {state.origins[origin].last_cseq}, "
+            f"but its brokers' journals hold only up to cseq {state.durable_cseq} "
+            f"(a stopped broker or a slow disk?); the link waits for them, since "
+            f"{origin} drops from its spool what it is told {site} has"
+        )
+
+    async def wait_resume(self, state: Callable[[], SiteState], origin: str) -> None:
+        """Wait, up to :data:`RESUME_WAIT_S`, until what the site (``state()``,
+        re-read: a snapshot replaces it) applied of ``origin``'s stream is on
+        a D broker's disk."""
+        with trio.move_on_after(RESUME_WAIT_S):
+            while not self.resume_covered(state(), origin):
+                await self.next_change.wait()
 
     @property
     def next_change(self) -> trio.Event:

@@ -11,12 +11,13 @@ incarnation D has not accepted is refused for good.  The egress takes the
 resume point as an ack, so with journals the WELCOME waits, as an ack does,
 until D's brokers have on disk what D applied of the stream, and refuses
 for now (``NOT_DURABLE``, retriable) when they do not within
-:data:`WELCOME_DURABLE_WAIT_S`.
+:data:`gateway.ackgate.RESUME_WAIT_S`.
 
 Unless the config says ``insecure: true``, a connection is mutual TLS: the
-handshake (bounded by :data:`HANDSHAKE_TIMEOUT_S`) checks the egress's
-certificate against the CA, then :meth:`Ingress.handle` checks that it
-carries one of the pinned names (``tls.peer_names``); if not, the egress
+handshake (bounded by :data:`gateway.linkconnect.HANDSHAKE_TIMEOUT_S`) checks
+the egress's certificate against the CA, then
+:func:`gateway.linkconnect.accept_link` checks that it carries one of the
+pinned names (``tls.peer_names``); if not, the egress
 gets an ERROR frame (``PEER_NOT_PINNED``) and the connection closes.
 
 Per connection, the reading loop feeds the sans-IO
@@ -34,7 +35,6 @@ ack then goes out at once.  A resync's chunks go to D's bus as
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import ssl
 from collections.abc import Callable
@@ -45,13 +45,12 @@ import trio
 from cluster.bus import MemberId
 from cluster.member import SiteMember
 from cluster.state.views import applied
-from cluster.tls import peer_name_refusal, tls_failure_text
 from gateway import resync as rs
 from gateway.ackgate import AckGate, DurableWatermark
 from gateway.admission import admit_event
 from gateway.egress import READ_BYTES
 from gateway.fencing import PartitionWatch, refusal, resume_from
-from gateway.linkconnect import describe_error, peer_address
+from gateway.linkconnect import REFUSAL_GRACE_S, accept_link, describe_error, peer_address
 from gateway.linkstatus import LinkStatus
 from gateway.recoverypoint import HeartbeatPoster
 from gateway.roles import PRIMARY_ROLES, SidecarRole
@@ -71,16 +70,8 @@ INGRESS_BATCH_COMMANDS = 2000
 # Link batches decoded and waiting for the applier: the bound that makes a
 # slow D bus backpressure the link (the receiver then stops reading).
 APPLY_QUEUE = 8
-# How long a refused egress gets to take the ERROR frame before the link closes.
-REFUSAL_GRACE_S = 5.0
 # How long the loop waits for bytes when the link machine has no deadline.
 IDLE_WAIT_S = 1.0
-# A TLS handshake that takes longer is abandoned: a peer that connects and
-# says nothing does not hold a connection.
-HANDSHAKE_TIMEOUT_S = 10.0
-# How long a HELLO waits for D's brokers to journal what D applied of the
-# stream before it is refused for now (NOT_DURABLE); a group commit takes ms.
-WELCOME_DURABLE_WAIT_S = 5.0
 
 # (the last seq it holds, or a resync piece's index; the admitted events'
 # bus frames, or a resync's piece or commit, which goes through D's bus alone)
@@ -136,7 +127,13 @@ class Ingress:
         connection = None
         try:
             if self._ssl_context is not None:
-                stream = await self._secure(stream, self._ssl_context)
+                stream = await accept_link(
+                    stream,
+                    self._ssl_context,
+                    pinned=self._pinned,
+                    site=self.config.site,
+                    refused=self.status.tls_refused,
+                )
             connection = _Connection(self, peer_address(stream))
             await connection.run(stream)
         except Exception as exc:  # one connection failed; the listener carries on
@@ -149,41 +146,6 @@ class Ingress:
                 self.status.state = "down"  # the last accepted connection ended
             self.status.resync.active = False  # unapplied chunks go with the connection
             await trio.aclose_forcefully(stream)
-
-    async def _secure(
-        self, stream: trio.abc.Stream, context: ssl.SSLContext
-    ) -> trio.SSLStream[trio.abc.Stream]:
-        """The TLS handshake and the pinned-name check.  Raises
-        :class:`DrgateError` (handshake failed) or :class:`LinkError`
-        (``PEER_NOT_PINNED``, after telling the egress so), counted."""
-        peer = peer_address(stream) or "the egress"
-        ssl_stream = trio.SSLStream(stream, context, server_side=True)
-        try:
-            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                await ssl_stream.do_handshake()
-        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
-            self.status.tls_refused["handshake"] += 1
-            why = tls_failure_text(exc) or f"no handshake within {HANDSHAKE_TIMEOUT_S:.0f} s"
-            raise DrgateError(f"TLS handshake with {peer} failed: {why}") from exc
-        refusal = peer_name_refusal(ssl_stream.getpeercert(), self._pinned)
-        if refusal is None:
-            return ssl_stream
-        self.status.tls_refused["peer_name"] += 1
-        text = f"{self.config.site} refuses the link from {peer}: {refusal}"
-        code = int(link.LinkErrorCode.PEER_NOT_PINNED)
-        receiver = link.LinkReceiver(
-            link.ReceiverConfig(cluster_id=self.config.site), now=trio.current_time()
-        )
-        with (
-            trio.move_on_after(REFUSAL_GRACE_S),
-            contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
-        ):
-            await ssl_stream.send_all(receiver.send_error(code, text, retriable=False))
-            # Until the egress closes: closing with its HELLO unread would
-            # reset the connection, and the reset could overtake the ERROR.
-            while await ssl_stream.receive_some(READ_BYTES):
-                pass
-        raise LinkError(text, code=code, retriable=False)
 
     # ------------------------------------------------------------------
     # Admission
@@ -213,7 +175,7 @@ class Ingress:
         if not_active is not None:
             code = int(link.LinkErrorCode.NOT_ACTIVE)
             return receiver.refuse(code, not_active, retriable=True), False
-        not_durable = self.not_durable(hello.origin_cluster)
+        not_durable = self.durable.resume_refusal(self.member.state, site, hello.origin_cluster)
         if not_durable is not None:
             self.status.last_error = (
                 f"ingress: refused {hello.origin_cluster} for now: {not_durable}"
@@ -227,32 +189,6 @@ class Ingress:
         window = min(hello.window_bytes, self.config.link.window_bytes)
         held = rs.welcome_holdings(self.member.state, hello.origin_cluster, resume)
         return receiver.accept(resume, window, trio.current_time(), holdings=held), True
-
-    async def wait_resume_durable(self, hello: link.Hello) -> None:
-        """Wait, up to :data:`WELCOME_DURABLE_WAIT_S`, until what D applied of
-        ``hello``'s stream is on a D broker's disk (:meth:`not_durable`)."""
-        with trio.move_on_after(WELCOME_DURABLE_WAIT_S):
-            while self.not_durable(hello.origin_cluster) is not None:
-                await self.durable.next_change.wait()
-
-    def not_durable(self, origin: str) -> str | None:
-        """Why a WELCOME may not name what D applied of ``origin`` yet, or None.
-
-        The egress drops its spool up to the WELCOME's resume point as it
-        does on an ack, so with journals the resume point too must be on a D
-        broker's disk: the cseq at which D last applied the origin's stream
-        must be under D's durable watermark.  (A standby that took the link
-        over while D's brokers were stopped had applied what no journal held;
-        its WELCOME let P drop it, and the power cut that followed lost it.)"""
-        o = self.member.state.origins.get(origin)
-        if o is None or self.durable.covers(o.last_cseq):
-            return None
-        return (
-            f"{self.config.site} applied {origin}'s stream up to its cseq {o.last_cseq}, "
-            f"but its brokers' journals hold only up to cseq {self.member.state.durable_cseq} "
-            f"(a stopped broker or a slow disk?); the link waits for them, since "
-            f"{origin} drops from its spool what it is told {self.config.site} has"
-        )
 
     def not_active(self) -> str | None:
         """Why this sidecar takes no link (it is not the active ingress), or None."""
@@ -407,7 +343,7 @@ class _Connection:
             if ev is link.NEED_DATA:
                 return
             if isinstance(ev, link.Hello):
-                await ingress.wait_resume_durable(ev)
+                await ingress.durable.wait_resume(lambda: ingress.member.state, ev.origin_cluster)
                 answer, self.accepted = ingress.answer_hello(receiver, ev)
                 self.refused = not self.accepted
                 ingress.links_up += self.accepted

@@ -1,8 +1,9 @@
-"""Opening P's side of the WAN link, and what its failures mean to a person
-(docs/operations.md, "Certificates for the link").
+"""Opening either side of the WAN link, and what its failures mean to a
+person (docs/operations.md, "Certificates for the link").
 
 ``open_link`` connects to one of D's sidecars: TCP, then mutual TLS, then the
-check that D's certificate carries a pinned name (``tls.peer_names``).
+check that D's certificate carries a pinned name (``tls.peer_names``);
+``accept_link`` is D's side of the same, on a connection its ingress took.
 ``describe_error`` turns any failure of a connection into one line, TLS
 failures explained; ``link_error_in`` finds the link refusal inside an
 exception group; ``tls_refusal_reason`` says which TLS counter it goes to.
@@ -10,7 +11,9 @@ exception group; ``tls_refusal_reason`` says which TLS counter it goes to.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import ssl
+from collections.abc import MutableMapping, Sequence
 
 import trio
 
@@ -21,6 +24,9 @@ from protocol.errors import DrgateError, LinkError
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
+    "HANDSHAKE_TIMEOUT_S",
+    "REFUSAL_GRACE_S",
+    "accept_link",
     "describe_error",
     "link_error_in",
     "open_link",
@@ -28,6 +34,11 @@ __all__ = [
 ]
 
 CONNECT_TIMEOUT_S = 5.0
+# At D: a TLS handshake that takes longer is abandoned (a peer that connects
+# and says nothing does not hold a connection), and how long a refused egress
+# gets to take the ERROR frame before the connection closes.
+HANDSHAKE_TIMEOUT_S = 10.0
+REFUSAL_GRACE_S = 5.0
 
 
 def describe_error(exc: BaseException) -> str:
@@ -102,6 +113,47 @@ async def open_link(
             await trio.aclose_forcefully(ssl_stream)
         raise LinkError(text, code=int(code), retriable=False)
     raise OSError(f"connect to {address} timed out")
+
+
+async def accept_link(
+    stream: trio.abc.Stream,
+    context: ssl.SSLContext,
+    *,
+    pinned: Sequence[str],
+    site: str,
+    refused: MutableMapping[str, int],
+) -> trio.SSLStream[trio.abc.Stream]:
+    """D's side: the TLS handshake on a connection the ingress took, and the
+    check that the egress's certificate carries one of ``pinned``.  Raises
+    :class:`DrgateError` (the handshake failed) or :class:`LinkError`
+    (``PEER_NOT_PINNED``, after telling the egress so), each counted in
+    ``refused`` (``handshake``, ``peer_name``)."""
+    peer = peer_address(stream) or "the egress"
+    ssl_stream = trio.SSLStream(stream, context, server_side=True)
+    try:
+        with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+            await ssl_stream.do_handshake()
+    except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+        refused["handshake"] += 1
+        why = tls_failure_text(exc) or f"no handshake within {HANDSHAKE_TIMEOUT_S:.0f} s"
+        raise DrgateError(f"TLS handshake with {peer} failed: {why}") from exc
+    refusal = peer_name_refusal(ssl_stream.getpeercert(), pinned)
+    if refusal is None:
+        return ssl_stream
+    refused["peer_name"] += 1
+    text = f"{site} refuses the link from {peer}: {refusal}"
+    code = int(link.LinkErrorCode.PEER_NOT_PINNED)
+    receiver = link.LinkReceiver(link.ReceiverConfig(cluster_id=site), now=trio.current_time())
+    with (
+        trio.move_on_after(REFUSAL_GRACE_S),
+        contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+    ):
+        await ssl_stream.send_all(receiver.send_error(code, text, retriable=False))
+        # Until the egress closes: closing with its HELLO unread would
+        # reset the connection, and the reset could overtake the ERROR.
+        while await ssl_stream.receive_some(1 << 16):
+            pass
+    raise LinkError(text, code=code, retriable=False)
 
 
 def peer_address(stream: trio.abc.Stream) -> str:
