@@ -33,10 +33,13 @@ Rules, applied identically by every member from the same stream:
   for a member without one).  Every member notes the last ``JoinHave`` of
   each joiner as it is delivered (also while itself buffering), and forgets
   it when the joiner leaves.
-* **Donor.** The lowest ready member of a quorate view sends a snapshot to
-  every member of the view that is not ready, whose ``JoinHave`` it has seen
-  and that it has not served yet: so the donation happens when the donor
-  applies the joiner's ``JoinHave`` (after the whole frame that holds it),
+* **Donor.** The lowest ready member of a quorate view among those that saw
+  a joiner's join view (its *witnesses*: only they count the joiner's events
+  from where it does, so only they can cut its snapshot; a member that joined
+  after it cannot, even once it is ready and the lowest of all) sends a
+  snapshot to every member of the view that is not ready, whose ``JoinHave``
+  it has seen and that it has not served yet: so the donation happens when
+  the donor applies the joiner's ``JoinHave`` (after the whole frame that holds it),
   still counted in events since the join view.  When a donor leaves
   mid-transfer, the next lowest takes over at the view change that removed
   it, with the ``JoinHave`` it already saw, and sends a new snapshot; the
@@ -128,6 +131,9 @@ class Membership:
     events: int = 0
     # For members I saw join: my event count just after their join view.
     joined_at: dict[MemberId, int] = field(default_factory=dict)
+    # For the same members: the members of the view that added them (those
+    # that can cut a snapshot for them; module docstring, "Donor").
+    witnesses: dict[MemberId, frozenset[MemberId]] = field(default_factory=dict)
     # While not ready: the members that were there before me, and my cohort.
     older: set[MemberId] = field(default_factory=set)
     cohort: set[MemberId] = field(default_factory=set)
@@ -167,6 +173,7 @@ class Membership:
             self.haves.clear()
             self.departed_ready.clear()
             self.joined_at = dict.fromkeys(view.members, 0)
+            self.witnesses = dict.fromkeys(view.members, frozenset(view.members))
             self.older = set(view.joined)
             self.cohort = set(view.members) - set(view.joined)
             self.stale = True
@@ -178,6 +185,7 @@ class Membership:
             self.events = 0
             for m in view.joined:
                 self.joined_at[m] = 0
+                self.witnesses[m] = frozenset(view.members)
             self.cohort = set(view.joined)
             self.older = set(view.members) - set(view.joined)
             if not self.older:
@@ -191,10 +199,12 @@ class Membership:
             self.served.discard(m)
             self.haves.pop(m, None)
             self.joined_at.pop(m, None)
+            self.witnesses.pop(m, None)
             self.older.discard(m)
             self.cohort.discard(m)
         for m in view.joined:
             self.joined_at[m] = self.events
+            self.witnesses[m] = frozenset(view.members)
         if not self.is_ready:
             if not self.older:
                 return self._genesis(self.cohort & set(view.members))
@@ -247,6 +257,15 @@ class Membership:
             return None
         return min(self.ready)
 
+    def donor_for(self, target: MemberId) -> MemberId | None:
+        """Who donates to ``target``: the lowest ready member that saw it join
+        (module docstring, "Donor"), or ``None`` (no quorum, nobody, or I did
+        not see it join myself: then I am not its donor either)."""
+        candidates = self.ready & self.witnesses.get(target, frozenset())
+        if not self.quorate or not candidates:
+            return None
+        return min(candidates)
+
     def cut_for(self, target: MemberId) -> int | None:
         at = self.joined_at.get(target)
         return None if at is None else self.events - at
@@ -273,16 +292,15 @@ class Membership:
         return [StartGenesis(announce=self.me == min(self.members), start_over=True)]
 
     def _donations(self) -> list[Action]:
-        if self.donor() != self.me:
-            return []
         actions: list[Action] = []
         for m in self.members:
             if m in self.ready or m in self.served or m not in self.haves:
                 continue
             cut = self.cut_for(m)
-            if cut is None:
-                # It joined before I could see it (I was not ready then); an
-                # older member holds its join point.  Nothing safe to send.
+            if cut is None or self.donor_for(m) != self.me:
+                # Another member donates; or it joined before I did, so an
+                # older member holds its join point and is its donor (a
+                # lower member that joined after it, as I did, is not).
                 continue
             self.served.add(m)
             actions.append(SendSnapshot(m, cut, self.haves[m]))
