@@ -451,8 +451,12 @@ class TwoSites(Started):
         self.metrics = metrics
         # capture_dir: every sidecar records all three streams under it (gateway/capture.py)
         self.capture_dir = Path(capture_dir) if capture_dir is not None else None
-        # Ports are chosen by the processes themselves (port 0) and read from
-        # what they print: a port picked here could be taken before use.
+        # The ports a restarted sidecar keeps (D's link ports, which the WAN
+        # emulators redial while it is down, and the metrics ports) are chosen
+        # here, outside the ephemeral range (free_port): one that bind(0) chose
+        # could be taken meanwhile by any outgoing connection, the emulator's
+        # own redial among them.  The others are chosen by the processes
+        # (port 0) and read from what they print.
         self.d_listen: dict[int, int] = {}
         self.p_listen: dict[int, int] = {}  # reversible: P's link ports
         self.back_listen: dict[int, int] = {}  # reversible: the emulators D dials
@@ -541,8 +545,8 @@ class TwoSites(Started):
         return int(ports[0]), int(ports[2])
 
     def d_port(self, n: int) -> int:
-        """D sidecar n's link port: the one it bound, or, when the emulator
-        must start before that sidecar (a D site added later), one chosen now."""
+        """D sidecar n's link port, chosen at its first start (or the
+        emulator's, when that comes first) and kept across restarts."""
         if n not in self.d_listen:
             self.d_listen[n] = free_port()
         return self.d_listen[n]
@@ -599,8 +603,7 @@ class TwoSites(Started):
             lines.append("peers:")
             lines += [f"  - {self.host['site-p']}:{self.wan_listen[m]}" for m in self.nodes]
         else:
-            port = self.d_listen.get(n, 0)  # a restarted sidecar keeps its port
-            lines.append(f"listen: {self.node_address(site, n)}:{port}")
+            lines.append(f"listen: {self.node_address(site, n)}:{self.d_port(n)}")
         if self.reversible:  # start_wan_back chose P's ports
             if primary:
                 lines.append(f"listen: {self.node_address(site, n)}:{self.p_listen[n]}")
@@ -612,7 +615,7 @@ class TwoSites(Started):
             lines.append(f"link:\n  verify_s: {self.verify_s}")
         if self.metrics:
             # A restarted sidecar keeps its port: a scraper keeps finding it.
-            port = self.metrics_port.get((site.cluster, n), 0)
+            port = self.metrics_port.setdefault((site.cluster, n), free_port())
             lines.append(f"metrics: {self.node_address(site, n)}:{port}")
         if self.capture_dir is not None:
             lines.append(f"capture:\n  directory: {self.capture_dir / site.cluster}")
