@@ -275,7 +275,7 @@ def load_sidecar_config(path: str, text: str | None = None) -> SidecarConfig:
         metrics: 127.0.0.1:9464  # or {listen: ..., web_config: ...}
         tls: {cert: ..., key: ..., ca: ..., peer_names: [site-d]}
         zombie_guard: full       # full (default) | replicated | off
-        link: {ack_events: 256, ack_ms: 20, window_bytes: 8388608, linger_ms: 5,
+        link: {ack_events: 256, ack_ms: 20, window_bytes: 8388608, linger_ms: 0,
                heartbeat_ms: 5000, heartbeat_timeout_ms: 15000}   # the defaults
 
     At D, ``listen: 0.0.0.0:7500`` instead of ``peers``.  The link runs

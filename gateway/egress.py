@@ -48,7 +48,7 @@ from cluster.state.switchover import handed_over
 from gateway import resync as rs
 from gateway.ackwatermark import WatermarkAnnouncer
 from gateway.capture import CaptureSink
-from gateway.linkconnect import describe_error, link_error_in, tls_refusal_reason
+from gateway.linkconnect import READ_BYTES, describe_error, link_error_in, tls_refusal_reason
 from gateway.linkstatus import LinkStatus
 from gateway.roles import RoleSignal, SidecarRole
 from gateway.spool import Spool
@@ -71,7 +71,6 @@ BACKOFF_MAX_S = 5.0
 HANDED_OVER_POLL_S = 1.0
 # Bytes of spool read per replay step.
 REPLAY_BYTES = 1 << 20
-READ_BYTES = 1 << 16
 # How long the loop waits when the link machine has no deadline.
 IDLE_WAIT_S = 1.0
 

@@ -48,9 +48,14 @@ from cluster.state.views import applied
 from gateway import resync as rs
 from gateway.ackgate import AckGate, DurableWatermark
 from gateway.admission import admit_event
-from gateway.egress import READ_BYTES
 from gateway.fencing import PartitionWatch, refusal, resume_from
-from gateway.linkconnect import REFUSAL_GRACE_S, accept_link, describe_error, peer_address
+from gateway.linkconnect import (
+    READ_BYTES,
+    REFUSAL_GRACE_S,
+    accept_link,
+    describe_error,
+    peer_address,
+)
 from gateway.linkstatus import LinkStatus
 from gateway.recoverypoint import HeartbeatPoster
 from gateway.roles import PRIMARY_ROLES, SidecarRole

@@ -25,6 +25,7 @@ from protocol.errors import DrgateError, LinkError
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "HANDSHAKE_TIMEOUT_S",
+    "READ_BYTES",
     "REFUSAL_GRACE_S",
     "accept_link",
     "describe_error",
@@ -34,6 +35,8 @@ __all__ = [
 ]
 
 CONNECT_TIMEOUT_S = 5.0
+# The most bytes one read of a link connection takes (either side).
+READ_BYTES = 1 << 16
 # At D: a TLS handshake that takes longer is abandoned (a peer that connects
 # and says nothing does not hold a connection), and how long a refused egress
 # gets to take the ERROR frame before the connection closes.
@@ -151,7 +154,7 @@ async def accept_link(
         await ssl_stream.send_all(receiver.send_error(code, text, retriable=False))
         # Until the egress closes: closing with its HELLO unread would
         # reset the connection, and the reset could overtake the ERROR.
-        while await ssl_stream.receive_some(1 << 16):
+        while await ssl_stream.receive_some(READ_BYTES):
             pass
     raise LinkError(text, code=code, retriable=False)
 
