@@ -19,9 +19,12 @@ a fixed window of unsettled publishes per link.
 
 Consumers: a consumer's credit becomes ``Acquire(queue, session, consumer,
 count)``; the state hands out the first available messages, in stream order,
-so two consumers on different nodes never get the same message.  When an
-acquire finds nothing, the consumer waits for the next enqueue or release on
-its queue and asks again.
+so two consumers on different nodes never get the same message.  What an
+acquire does not get stays asked for in the state (standing demand,
+cluster/state/demand.py): the state hands each later message to a waiting
+consumer as it applies the command that brought it, and the node sends it on
+the ``Delivered`` effect.  A consumer with a selector asks again instead,
+when its queue has something for it.
 
 Joining: see :mod:`cluster.member` and :mod:`cluster.membership`.
 """
@@ -64,6 +67,7 @@ from cluster.amqpvalues import (
 from cluster.bus import BusConfig, MemberId, ViewChange, open_bus
 from cluster.durability import JournalSettings, NodeJournal
 from cluster.member import FORCE_HINT, BusOpener, NullObserver, SiteMember
+from cluster.nodestats import broker_statistics
 from cluster.selector import SelectorError
 from cluster.siteview import (
     admin_commands,
@@ -74,10 +78,10 @@ from cluster.siteview import (
     plain,
     read_only_refusal,
 )
-from cluster.state.model import TEMPORARY_ARG
+from cluster.state.model import TEMPORARY_ARG, session_owner
 from cluster.state.persistence import publish_persistent
 from cluster.state.selection import matcher
-from cluster.statistics import BusSection, DonationSection, JournalSection, NodeStatistics
+from cluster.statistics import NodeStatistics
 from cluster.tls import TlsFiles, server_context
 from cluster.webconfig import WebConfig
 from protocol import cluster as pc
@@ -315,6 +319,10 @@ class BrokerNode(NullObserver):
             self.member.me.pid,
         )
 
+    def _mine_session(self, session: int) -> bool:
+        me = self.member.me
+        return me is not None and session_owner(session) == (me.node, me.pid)
+
     def _on_effects(self, effects: Sequence[st.Effect]) -> None:
         for effect in effects:
             if isinstance(effect, st.Settled | st.Refused) and self._mine(effect.sender):
@@ -342,6 +350,11 @@ class BrokerNode(NullObserver):
                 consumer = self._by_consumer_id.get(effect.consumer)
                 if consumer is not None and consumer.session == effect.session:
                     self._deliver(consumer, effect)
+                elif self._mine_session(effect.session):
+                    # Its link closed after it asked: back to the queue.
+                    self._give_back(
+                        effect.queue, effect.session, effect.consumer, effect.message.pos
+                    )
             elif isinstance(effect, st.Enqueued | st.Released):
                 self._waiting_queues.add(effect.queue)
                 if isinstance(effect, st.Released):
@@ -381,14 +394,14 @@ class BrokerNode(NullObserver):
         if not self.quorate():
             # Acquired just before the view lost quorum: hand it back rather
             # than deliver what the majority may deliver too.
-            self.member.post(pc.Release(consumer.queue, consumer.session, (msg.pos,), False))
+            self._give_back(consumer.queue, consumer.session, consumer.id, msg.pos)
             return
         try:
             consumer.link.send_encoded_nowait(delivery_bytes(msg), msg.pos)
             consumer.unsettled[msg.pos] = msg.pos
         except (trio.WouldBlock, DrgateError):
             # The client took its credit back, or left: give it back at once.
-            self.member.post(pc.Release(consumer.queue, consumer.session, (msg.pos,), False))
+            self._give_back(consumer.queue, consumer.session, consumer.id, msg.pos)
 
     def _acquire_for_waiting(self) -> None:
         if not self._waiting_queues:
@@ -403,35 +416,71 @@ class BrokerNode(NullObserver):
         if consumer.browse:
             self._browse(consumer)
             return
-        want = consumer.link.credit - consumer.acquiring
-        if want <= 0 or consumer.link.closed or not self.quorate():
+        link = consumer.link
+        if link.closed or not self.quorate():
             return
-        if available(self.member.state, consumer.queue) <= 0:
-            return
-        want = min(want, available(self.member.state, consumer.queue))
         if consumer.match is not None:
-            # Ask only for what this node's copy of the state says is there:
-            # no bus traffic for a queue of messages the selector passes over,
-            # and each message looked at once until a release or a restore.
-            generation = self._restores + self._releases.get(consumer.queue, 0)
-            start, seen = consumer.clear
-            if seen != generation:
-                start = 0
-            want, clear = self.member.state.queues[consumer.queue].count_matching(
-                start, want, consumer.match
+            self._request_matching(consumer)
+            return
+        standing = self._standing(consumer)
+        if link.drain:
+            # A drain takes what the queue holds now, no more: the standing
+            # demand goes (then drained(), once the acquires are applied).
+            if standing:
+                self.member.post(pc.Withdraw(consumer.queue, consumer.session, consumer.id))
+            want = min(
+                link.credit - consumer.acquiring, available(self.member.state, consumer.queue)
             )
-            consumer.clear = (clear, generation)
-            if want <= 0:
+        else:
+            # The credit not yet asked for becomes standing demand: what the
+            # queue lacks goes to this consumer as it comes, without another
+            # acquire (cluster/state/demand.py).  While half of the credit is
+            # still asked for, a client's top-ups wait to go as one.
+            want = link.credit - consumer.acquiring - standing
+            if (consumer.acquiring or standing) and 2 * want < link.credit:
                 return
-            consumer.acquiring += want
-            self.member.post(
-                pc.AcquireMatching(
-                    consumer.queue, consumer.session, consumer.id, want, consumer.selector
-                )
-            )
+        if want <= 0:
             return
         consumer.acquiring += want
         self.member.post(pc.Acquire(consumer.queue, consumer.session, consumer.id, want))
+
+    def _request_matching(self, consumer: _Consumer) -> None:
+        """A consumer with a selector asks for what this node's copy of the
+        state says is there: no bus traffic for a queue of messages the
+        selector passes over, and each message looked at once until a
+        release or a restore.  It keeps no standing demand."""
+        assert consumer.match is not None
+        want = consumer.link.credit - consumer.acquiring
+        if want <= 0 or available(self.member.state, consumer.queue) <= 0:
+            return
+        generation = self._restores + self._releases.get(consumer.queue, 0)
+        start, seen = consumer.clear
+        if seen != generation:
+            start = 0
+        want, clear = self.member.state.queues[consumer.queue].count_matching(
+            start, want, consumer.match
+        )
+        consumer.clear = (clear, generation)
+        if want <= 0:
+            return
+        consumer.acquiring += want
+        self.member.post(
+            pc.AcquireMatching(
+                consumer.queue, consumer.session, consumer.id, want, consumer.selector
+            )
+        )
+
+    def _standing(self, consumer: _Consumer) -> int:
+        """What the state still owes ``consumer`` of its acquires."""
+        q = self.member.state.queues.get(consumer.queue)
+        return 0 if q is None else q.waiting.get((consumer.session, consumer.id), 0)
+
+    def _give_back(self, queue: str, session: int, consumer: int, pos: int) -> None:
+        """A message assigned to a consumer that cannot take it goes back to
+        its queue, and the consumer's standing demand with it (or the queue
+        would hand it the same message again)."""
+        self.member.post(pc.Withdraw(queue, session, consumer))
+        self.member.post(pc.Release(queue, session, (pos,), False))
 
     def _browse(self, consumer: _Consumer) -> None:
         """Send a browser the next messages of its queue, as far as its
@@ -774,13 +823,18 @@ class BrokerNode(NullObserver):
             if consumer is None:
                 return
             self._by_consumer_id.pop(consumer.id, None)
+            closing: list[pc.Command] = []
+            if consumer.acquiring or self._standing(consumer):
+                closing.append(pc.Withdraw(consumer.queue, consumer.session, consumer.id))
             if consumer.unsettled:
                 # They went out on the wire: the client may have seen them
                 # (even after it began to close), so the next consumer is
                 # told they may be duplicates.
-                await self.member.submit(
+                closing.append(
                     pc.Release(consumer.queue, consumer.session, tuple(consumer.unsettled), True)
                 )
+            if closing:
+                await self.member.submit(*closing)
         else:
             for ref, delivery in list(self._pending.items()):
                 if delivery.link is link:
@@ -838,51 +892,5 @@ class BrokerNode(NullObserver):
         }
 
     def statistics(self) -> NodeStatistics:
-        """A typed snapshot for the observability endpoint (read by gateway/metrics.py).
-
-        Only plain data: the gateway turns it into Prometheus metrics; this
-        module does not import prometheus-client.  A broker has no role, tap,
-        link or spool, and reports no state transfer.
-        """
-        membership = self.member.membership
-        state = self.member.state
-        return NodeStatistics(
-            site=self.config.cluster,
-            node=self.config.node,
-            process="broker",
-            cseq=state.cseq,
-            bus=BusSection(
-                view_size=0 if membership is None else len(membership.members),
-                quorate=True if membership is None else membership.quorate,
-                members=len(state.ready),
-            ),
-            merge=dict(state.counters),
-            last_error="" if self.quorate() else self.minority_refusal(),
-            journal=None if self.durability is None else self._journal_section(),
-            transfers=self._transfers_section(),
-        )
-
-    def _transfers_section(self) -> DonationSection:
-        t = self.member.transfers
-        return DonationSection(
-            sent_total=t.donations,
-            sent_bytes_total=t.bytes_sent,
-            saved_bytes_total=t.bytes_saved,
-            bodies_left_total=t.bodies_left,
-            received_total=t.restores,
-            received_bytes_total=t.bytes_received,
-            fallbacks_total=t.fallbacks,
-        )
-
-    def _journal_section(self) -> JournalSection:
-        assert self.durability is not None
-        j = self.durability.statistics()
-        return JournalSection(
-            bytes=j.bytes_on_disk,
-            durable_cseq=j.durable_cseq,
-            last_checkpoint_cseq=j.last_checkpoint_cseq,
-            last_checkpoint_time=j.last_checkpoint_time or 0.0,
-            commits_total=j.commits,
-            fsync_seconds_total=j.fsync_seconds_total,
-            fsync_last_seconds=j.fsync_last_seconds,
-        )
+        """A typed snapshot for the observability endpoint (cluster/nodestats.py)."""
+        return broker_statistics(self)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster import state as st
-from cluster.state.machine import PROMOTE_HINT
+from cluster.state.merge import PROMOTE_HINT
 from cluster.state.model import SiteState
 from protocol import cluster as pc
 from protocol.errors import DrgateError

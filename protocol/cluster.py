@@ -201,12 +201,28 @@ class Publish(_CommandBase):
 @dataclass(frozen=True, slots=True)
 class Acquire(_CommandBase):
     """Session ``session``'s consumer ``consumer`` takes the next ``count``
-    available messages of ``queue`` (deterministic: the first in FIFO order)."""
+    available messages of ``queue`` (deterministic: the first in FIFO order);
+    what it does not get stays asked for, and later messages go to it as they
+    become available (its standing demand, until a :class:`Withdraw`)."""
 
     queue: str
     session: int
     consumer: int = 0
     count: int = 1
+
+
+# key=queue  meta: session u64 | consumer u32
+@_command(Kind.WITHDRAW, key="queue", meta=[("session", Int64ub), ("consumer", Int32ub)])
+@dataclass(frozen=True, slots=True)
+class Withdraw(_CommandBase):
+    """Session ``session``'s consumer ``consumer`` no longer wants the
+    messages its acquires asked for and did not get (its standing demand on
+    ``queue``; docs/state.md "Standing demand"): its link closed, drained, or
+    could not take a message."""
+
+    queue: str
+    session: int
+    consumer: int = 0
 
 
 # key=queue  meta: session u64 | consumer u32 | count u32 | selector str16
@@ -561,6 +577,7 @@ Command: TypeAlias = (
     | Publish
     | Acquire
     | AcquireMatching
+    | Withdraw
     | Accept
     | Release
     | Modify

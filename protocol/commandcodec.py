@@ -95,6 +95,7 @@ class Kind(enum.IntEnum):
     VERIFY = 38
     SWITCHOVER = 39
     KEEP = 40
+    WITHDRAW = 41
 
 
 class ExchangeType(enum.IntEnum):

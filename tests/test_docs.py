@@ -234,9 +234,9 @@ def test_every_relative_link_resolves(where: str, target: str) -> None:
 
 
 def test_the_r3_refusal_names_a_promote_command_the_cli_takes() -> None:
-    from cluster.state.machine import PROMOTE_HINT, _read_only_text
+    from cluster.state.merge import PROMOTE_HINT, read_only_text
 
-    text = _read_only_text("orders", "site-p", "be consumed from")
+    text = read_only_text("orders", "site-p", "be consumed from")
     assert f"promote this site over 'site-p' ({PROMOTE_HINT})" in text
     command = PROMOTE_HINT.split(",")[0]
     argv = drgate_argv(command)

@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cluster.selector import SelectorError
+from cluster.state import demand
 from cluster.state.effects import (
     CONDITIONS,
-    Delivered,
     Dequeued,
     Effects,
     Enqueued,
@@ -46,7 +46,7 @@ from cluster.state.effects import (
     Sender,
     Settled,
 )
-from cluster.state.merge import origin_record, read_only_origin
+from cluster.state.merge import origin_record, read_only_origin, read_only_text
 from cluster.state.model import (
     TEMPORARY_ARG,
     Exchange,
@@ -68,8 +68,6 @@ from cluster.state.switchover import (
     closed_to_publishes,
     failback,
     failback_acknowledged,
-    failback_text,
-    failing_back,
     frozen,
     guard_text,
     stale_supersession,
@@ -120,6 +118,7 @@ from protocol.cluster import (
     Unbind,
     Verify,
     VerifyPoint,
+    Withdraw,
 )
 from protocol.modes import check_declare_args, declare_refused
 
@@ -139,6 +138,8 @@ def apply(state: SiteState, command: Command, *, sender: Sender | None = None) -
     if handler is None:
         raise TypeError(f"not a bus command: {command!r}")
     handler(state, command, sender, eff)
+    if state.demand:
+        demand.serve(state, eff)
     return eff
 
 
@@ -174,18 +175,6 @@ def _refuse(
     elif reason is Reason.MAX_DEPTH:
         state.count("max_depth_refused")
     eff.append(Refused(sender, ref, session, name, reason, CONDITIONS[reason], description))
-
-
-# How an operator promotes a site: the command, as the CLI parses it.
-PROMOTE_HINT = "drgate promote --config SIDECAR.yaml, on a node of this site"
-
-
-def _read_only_text(queue: str, origin: str, what: str) -> str:
-    return (
-        f"queue {queue!r} is a read-only replica of site {origin!r} (mode full) while "
-        f"replication is active, so it cannot {what}; to use it here, promote this site "
-        f"over {origin!r} ({PROMOTE_HINT})"
-    )
 
 
 def _temporary_problem(state: SiteState, cmd: QueueDeclare, sender: Sender | None) -> str | None:
@@ -261,7 +250,7 @@ def _writable_queue(
     origin = read_only_origin(state, q)
     if origin is not None:
         _refuse(
-            state, eff, sender, Reason.READ_ONLY, name, _read_only_text(q.name, origin, passive)
+            state, eff, sender, Reason.READ_ONLY, name, read_only_text(q.name, origin, passive)
         )  # fmt: skip
         return None
     return q
@@ -444,7 +433,7 @@ def _publish(state: SiteState, cmd: Publish, sender: Sender | None, eff: Effects
                 sender,
                 Reason.READ_ONLY,
                 q.name,
-                _read_only_text(q.name, origin, "take messages from clients of this site"),
+                read_only_text(q.name, origin, "take messages from clients of this site"),
                 ref=cmd.ref,
             )
             return
@@ -503,25 +492,10 @@ def _acquire(
             session=cmd.session,
         )
         return
-    origin = read_only_origin(state, q)
-    if origin is not None:
-        _refuse(
-            state,
-            eff,
-            sender,
-            Reason.READ_ONLY,
-            q.name,
-            _read_only_text(q.name, origin, "be consumed from"),
-            session=cmd.session,
-        )
-        return
-    if switching(state, q.name) or failing_back(state, q.name):
-        text = (
-            failback_text(state, q.name)
-            if failing_back(state, q.name)
-            else guard_text(state, q.name, "be consumed from")
-        )
-        _refuse(state, eff, sender, Reason.SWITCHOVER, q.name, text, session=cmd.session)
+    why = demand.refusal(state, q)
+    if why is not None:
+        reason, text = why
+        _refuse(state, eff, sender, reason, q.name, text, session=cmd.session)
         return
     match = None
     if isinstance(cmd, AcquireMatching):
@@ -540,13 +514,15 @@ def _acquire(
             )
             return
     positions = q.take(cmd.count, (s.id, cmd.consumer), match)
-    if not positions:
-        return
-    held = s.acquired.setdefault(q.name, {})
-    for pos in positions:
-        q.acquired[pos] = (s.id, cmd.consumer)
-        held[pos] = cmd.consumer
-        eff.append(Delivered(q.name, s.id, cmd.consumer, q.messages[pos]))
+    if positions:
+        demand.assign(q, s, cmd.consumer, positions, eff)
+    if match is None and len(positions) < cmd.count:
+        # The rest goes to it as it comes (a selector's acquire asks again).
+        demand.add(state, q, s.id, cmd.consumer, cmd.count - len(positions))
+
+
+def _withdraw(state: SiteState, cmd: Withdraw, sender: Sender | None, eff: Effects) -> None:
+    demand.withdraw(state, cmd.queue, cmd.session, cmd.consumer)
 
 
 def _settling(state: SiteState, cmd: Accept | Release | Modify) -> tuple[Queue, Session] | None:
@@ -859,6 +835,7 @@ _LOCAL: dict[type, Callable[[SiteState, Any, Sender | None, Effects], None]] = {
     Unbind: _unbind,
     Publish: _publish,
     Acquire: _acquire,
+    Withdraw: _withdraw,
     AcquireMatching: _acquire,
     Accept: _accept,
     Release: _release_cmd,

@@ -44,6 +44,20 @@ def read_only_origin(state: SiteState, queue: Queue) -> str | None:
     return r.origin
 
 
+# How an operator promotes a site: the command, as the CLI parses it.
+PROMOTE_HINT = "drgate promote --config SIDECAR.yaml, on a node of this site"
+
+
+def read_only_text(queue: str, origin: str, what: str) -> str:
+    """The R3 refusal: ``queue`` mirrors ``origin`` read-only, so it cannot
+    ``what``; how to make it writable."""
+    return (
+        f"queue {queue!r} is a read-only replica of site {origin!r} (mode full) while "
+        f"replication is active, so it cannot {what}; to use it here, promote this site "
+        f"over {origin!r} ({PROMOTE_HINT})"
+    )
+
+
 def fenced(origin: Origin | None, epoch: int) -> bool:
     """R7: is a command or HELLO of ``epoch`` from ``origin`` fenced?  After a
     promotion here, every epoch is: only the operator's ``AcceptPrimary``

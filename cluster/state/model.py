@@ -114,9 +114,12 @@ class Replica:
 class Queue:
     """A FIFO queue.  ``messages`` is ordered by ``pos`` (append only; a
     released message stays in place).  ``acquired`` maps pos to
-    ``(session, consumer)``.  ``available`` is a min-heap of positions that
-    may be available (entries of removed messages are skipped lazily): it is
-    derived data, rebuilt on restore and never part of a snapshot."""
+    ``(session, consumer)``.  ``waiting`` maps ``(session, consumer)`` to the
+    messages its acquires asked for and did not get (its standing demand;
+    cluster/state/demand.py), in the order the next message goes round.
+    ``available`` is a min-heap of positions that may be available (entries
+    of removed messages are skipped lazily): it is derived data, rebuilt on
+    restore and never part of a snapshot."""
 
     __slots__ = (
         "acquired",
@@ -130,6 +133,7 @@ class Queue:
         "next_pos",
         "replica",
         "stale",
+        "waiting",
     )
 
     def __init__(self, name: str, args: ValueMap, replica: Replica | None = None) -> None:
@@ -137,6 +141,7 @@ class Queue:
         self.args: dict[str, Value] = dict(args)
         self.messages: dict[int, Message] = {}
         self.acquired: dict[int, tuple[int, int]] = {}
+        self.waiting: dict[tuple[int, int], int] = {}
         self.available: list[int] = []
         self.stale = 0
         self.next_pos = 1
@@ -472,6 +477,7 @@ class SiteState:
         "cluster",
         "counters",
         "cseq",
+        "demand",
         "durable_cseq",
         "epoch",
         "exchanges",
@@ -509,6 +515,10 @@ class SiteState:
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {}
         self.sessions: dict[int, Session] = {}
+        # The queues whose ``waiting`` is not empty (derived: rebuilt on
+        # restore), so that a command finds at once whether any consumer
+        # waits for what it made available (cluster/state/demand.py).
+        self.demand: dict[str, None] = {}
         self.origins: dict[str, Origin] = {}
         self.ready: dict[tuple[int, int], Role] = {}
         self.rules = b""

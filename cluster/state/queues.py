@@ -21,6 +21,7 @@ def drop_bindings_to(state: SiteState, queue: str) -> None:
 
 def delete_queue(state: SiteState, q: Queue, eff: list[Effect]) -> None:
     del state.queues[q.name]
+    state.demand.pop(q.name, None)  # its waiting consumers go with it
     drop_bindings_to(state, q.name)
     forget_reports(state, q.name)
     # Sessions forget what they held on it.

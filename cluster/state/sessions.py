@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+from cluster.state.demand import drop_session, serve
 from cluster.state.effects import Effects, Message, Released, Sender
 from cluster.state.model import TEMPORARY_ARG, Queue, Session, SiteState, session_owner
 from cluster.state.queues import delete_queue
@@ -32,6 +33,8 @@ def members_left(state: SiteState, members: Iterable[Sender]) -> Effects:
         close_session(state, state.sessions.pop(sid), "member_left", eff)
     for key in [k for k in state.ready if k in gone]:
         del state.ready[key]
+    if state.demand:
+        serve(state, eff)  # what they held goes to the consumers waiting
     return eff
 
 
@@ -101,6 +104,8 @@ def _returned(
 
 
 def close_session(state: SiteState, s: Session, reason: str, eff: Effects) -> None:
+    if state.demand:
+        drop_session(state, s.id)  # first: what it releases goes to others
     for qname, held in list(s.acquired.items()):
         q = state.queues.get(qname)
         if q is not None:

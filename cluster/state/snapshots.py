@@ -46,6 +46,9 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
                                                primary swapped with; from version 8)
                   | rejoining str16  (a failback by delta under way; from
                                                version 9)
+                  | u32 n | n x waiting       (consumers' standing demand,
+                                               cluster/state/demand.py; from
+                                               version 10)
     origin     := name str16 | incarnation u64 | epoch u32 | promoted u8
                   | promoted_time_us u64 | last_time_us u64 | last_cseq u64
                   | refused_incarnation u64 | u32 n | n x (incarnation u64 | cseq u64)
@@ -63,6 +66,8 @@ written and read by :mod:`protocol.values`' ``pack_value_map`` and
                   | body bytes32                    (flag 4 clear)
                   | body_len u32 | body_crc32 u32   (flag 4 set: a delta transfer)
     session    := id u64 | u32 n | n x (queue str16 | u32 m | m x (pos u64 | consumer u32))
+    waiting    := queue str16 | session u64 | consumer u32 | count u32   (per queue in
+                                               the queues' order, then in its round's)
     staged     := origin str16 | incarnation u64 | cut u64 | epoch u32 | pieces u32
                   | records bytes32        (a resync being staged, re-encoded as
                                             snapshot records: cluster.state.resync)
@@ -126,8 +131,8 @@ MAGIC = b"DRGS"
 # that failback waits on (version 6 read as its guarded queues).  8: the
 # handover's cseq and the sites' roles swapped (earlier versions: neither).
 # 9: a failback by delta under way (earlier versions: none).
-SNAPSHOT_VERSION = 9
-_READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, 8, SNAPSHOT_VERSION)
+SNAPSHOT_VERSION = 10
+_READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, 8, 9, SNAPSHOT_VERSION)
 
 _HEAD = struct.Struct(">4sHH")
 _U8 = struct.Struct(">B")
@@ -140,6 +145,7 @@ _MSG = struct.Struct(">QQBH")
 _READY = struct.Struct(">IIB")
 #   pos u64 | consumer u32
 _HELD = struct.Struct(">QI")
+_WAITING = struct.Struct(">QII")
 #   incarnation u64 | cut u64 | epoch u32 | pieces u32
 _STAGED = struct.Struct(">QQII")
 #   node u32 | pid u32 | cseq u64 | incarnation u64 | proposal u64
@@ -378,6 +384,12 @@ def _snapshot(
     out.append(_U64.pack(state.handover_cseq) + _U8.pack(int(state.swapped)))
     _str16(out, state.handed_to)
     _str16(out, state.rejoining)
+    waiting = [q for q in state.queues.values() if q.waiting]
+    out.append(_U32.pack(sum(len(q.waiting) for q in waiting)))
+    for q in waiting:
+        for (session, consumer), count in q.waiting.items():
+            _str16(out, q.name)
+            out.append(_WAITING.pack(session, consumer, count))
     try:
         return b"".join(out)
     except TypeError as exc:  # pragma: no cover - a body that is not bytes
@@ -474,6 +486,20 @@ class _Reader:
     def map(self) -> dict[str, Value]:
         values, self.off = unpack_value_map_untrusted(self.data, self.off)
         return values
+
+
+def _restore_waiting(r: _Reader, st: SiteState) -> None:
+    for _ in range(r.u32()):
+        name = r.str16()
+        session, consumer, count = r.unpack(_WAITING)
+        q = st.queues.get(name)
+        if q is None or session not in st.sessions or count < 1 or (session, consumer) in q.waiting:
+            raise RemoteProtocolError(
+                f"snapshot: consumer {consumer} of session {session:#x} waits for {count} "
+                f"messages of {name!r}, which the snapshot does not allow"
+            )
+        q.waiting[(session, consumer)] = count
+        st.demand[name] = None
 
 
 class ElidedBodyMismatch(RemoteProtocolError):
@@ -693,6 +719,8 @@ def _restore(r: _Reader, bodies: SiteState | None) -> SiteState:
         st.handed_to = r.str16()
     if version >= 9:
         st.rejoining = r.str16()
+    if version >= 10:
+        _restore_waiting(r, st)
     if r.off != len(data):
         raise RemoteProtocolError(f"snapshot has {len(data) - r.off} trailing bytes")
     for q in st.queues.values():

@@ -23,6 +23,7 @@ from cluster.bus import BusConfig
 from cluster.node import BrokerConfig, BrokerNode
 from cluster.siteview import describe
 from cluster.state.model import TEMPORARY_ARG
+from protocol import cluster as pc
 from tests.cluster.test_amqp import RawClient
 from tests.cluster.test_amqpauth import broker as memory_broker
 from tests.cluster.test_node_durability import (
@@ -451,3 +452,62 @@ async def test_selector_browse_and_temporary_queues_agree_across_two_brokers() -
         assert (
             describe(nodes[0].member.state)["digest"] == describe(nodes[1].member.state)["digest"]
         )
+
+
+# ----------------------------------------------------------------------
+# Standing demand (cluster/state/demand.py): issue 18
+# ----------------------------------------------------------------------
+
+
+def waiting(node: BrokerNode, queue: str) -> int:
+    return sum(node.member.state.queues[queue].waiting.values())
+
+
+def credit(node: BrokerNode) -> int:
+    """The credit of the node's consumers (0 when it has none)."""
+    return sum(c.link.credit for c in node._consumers.values())
+
+
+async def test_a_waiting_consumer_gets_a_new_message_without_an_acquire_of_its_broker() -> None:
+    async with two_brokers() as (nodes, (port1, port2)):
+        await in_thread(lambda: declare(port1, "q"))
+        posted: list[object] = []
+        post = nodes[1].member.post
+
+        def recording(cmd: Any) -> None:
+            posted.append(cmd)
+            post(cmd)
+
+        nodes[1].member.post = recording  # type: ignore[method-assign]
+
+        def consume() -> list[str]:
+            conn = connect(port2)
+            try:
+                receiver = conn.create_receiver("q", credit=4)
+                bodies = []
+                for _ in range(2):
+                    bodies.append(receiver.receive(timeout=TIMEOUT_S).body)
+                    receiver.accept()
+                return bodies
+            finally:
+                conn.close()
+
+        async with trio.open_nursery() as nursery:
+            got: list[list[str]] = []
+
+            async def run() -> None:
+                got.append(await in_thread(consume))
+
+            nursery.start_soon(run)
+            # Its credit (what Proton's receiver granted: 4, or 8 once it
+            # topped it up) is the site's standing demand before anything arrives.
+            await wait_for(lambda: all(waiting(n, "q") == credit(nodes[1]) >= 4 for n in nodes))
+            asked = len(posted)
+            await in_thread(lambda: publish(port1, "q", Message(body="a"), Message(body="b")))
+        assert got == [["a", "b"]]
+        # The publishes at broker 1 delivered them at broker 2: it asked nothing more.
+        assert not [c for c in posted[asked:] if isinstance(c, pc.Acquire)]
+        # Its link closed: what it still asked for is withdrawn at every member.
+        await wait_for(lambda: all(waiting(n, "q") == 0 for n in nodes))
+        await in_thread(lambda: publish(port1, "q", Message(body="c")))
+        await wait_for(lambda: all(depth(n, "q") == (1, 0) for n in nodes))

@@ -331,7 +331,10 @@ def test_snapshot_keeps_the_whole_site_recoveries() -> None:
 
 def test_a_snapshot_of_version_2_restores_as_a_site_without_recoveries() -> None:
     s = busy_state()
-    v9 = snapshot(s)
+    v10 = snapshot(s)
+    # Version 10 ends with the consumers' standing demand (none: a u32 0).
+    assert v10[4:6] == b"\x00\x0a" and v10.endswith(b"\x00" * 47)
+    v9 = v10[:4] + b"\x00\x09" + v10[6:-4]
     # Version 9 ends with the recoveries (none), the switchover (none: an
     # empty name, time 0, no handovers), the failback (cseq 0) and its queues
     # (none), the handover (cseq 0), the swap (0), the site swapped with
@@ -347,17 +350,19 @@ def test_a_snapshot_of_version_2_restores_as_a_site_without_recoveries() -> None
     v2 = v9[:4] + b"\x00\x02" + v9[6:-43]
     r = restore_untrusted(v2)
     assert r.recoveries == []
-    assert snapshot(r) == v9
+    assert snapshot(r) == v10
     r = restore_untrusted(v4)
-    assert r.switchover_to == "" and snapshot(r) == v9
+    assert r.switchover_to == "" and snapshot(r) == v10
     r = restore_untrusted(v5)
-    assert r.failback_cseq == 0 and snapshot(r) == v9
+    assert r.failback_cseq == 0 and snapshot(r) == v10
     r = restore_untrusted(v6)
-    assert r.failback_queues == {} and snapshot(r) == v9
+    assert r.failback_queues == {} and snapshot(r) == v10
     r = restore_untrusted(v7)
-    assert (r.handover_cseq, r.swapped) == (0, False) and snapshot(r) == v9
+    assert (r.handover_cseq, r.swapped) == (0, False) and snapshot(r) == v10
     r = restore_untrusted(v8)
-    assert r.rejoining == "" and snapshot(r) == v9
+    assert r.rejoining == "" and snapshot(r) == v10
+    r = restore_untrusted(v9)
+    assert r.demand == {} and snapshot(r) == v10
     # A version 3 snapshot: a redelivered message (flag 1) has a count of 1.
     r = restore_untrusted(v5[:4] + b"\x00\x03" + v5[6:-14])
     assert [m.delivery_count for m in messages(r, "local")] == [1, 0, 0, 0, 0]
@@ -388,7 +393,7 @@ def test_digest_changes_with_state() -> None:
     ("mutate", "words"),
     [
         (lambda b: b"XXXX" + b[4:], "not a drgate state snapshot"),
-        (lambda b: b[:4] + b"\x00\x0a" + b[6:], "version 10"),
+        (lambda b: b[:4] + b"\x00\x0b" + b[6:], "version 11"),
         (lambda b: b[:-3], "truncated"),
         (lambda b: b + b"\x00", "trailing"),
         (lambda b: b[:20], "snapshot"),

@@ -221,10 +221,10 @@ def test_a_failback_waiting_for_d_survives_a_snapshot() -> None:
     assert restored.guarded == GUARDED == restored.failback_queues
     assert st.digest(restored) == st.digest(sites.p.state)
     # Version 6 had no list of its own: its failback waited on the guarded queues.
-    v9 = st.snapshot(sites.p.state)
-    # the rejoin, the swap, the failback's queues
-    tail = 2 + 11 + 4 + sum(2 + len(q) for q in GUARDED)
-    v6 = v9[:4] + b"\x00\x06" + v9[6:-tail]
+    v10 = st.snapshot(sites.p.state)
+    # the standing demand, the rejoin, the swap, the failback's queues
+    tail = 4 + 2 + 11 + 4 + sum(2 + len(q) for q in GUARDED)
+    v6 = v10[:4] + b"\x00\x06" + v10[6:-tail]
     assert st.restore_untrusted(v6).failback_queues == GUARDED
 
 

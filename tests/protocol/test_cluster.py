@@ -49,6 +49,7 @@ simple_commands = st.one_of(
     st.builds(c.Publish, names, names, bodies, names, value_maps, u64),
     st.builds(c.Acquire, names, u64, u32, u32),
     st.builds(c.AcquireMatching, names, u64, u32, u32, names),
+    st.builds(c.Withdraw, names, u64, u32),
     st.builds(c.Accept, names, u64, positions),
     st.builds(c.Release, names, u64, positions, st.booleans()),
     st.builds(c.Modify, names, u64, u32, positions, st.booleans(), st.booleans(), bodies),
@@ -137,6 +138,7 @@ SAMPLES: dict[str, c.Command] = {
     "acquire_matching": c.AcquireMatching(
         "orders", 0x0000010000020001, 3, 10, "color = 'red' AND weight > 2"
     ),
+    "withdraw": c.Withdraw("orders", 0x0000010000020001, 3),
     "accept": c.Accept("orders", 0x0000010000020001, (1, 2, 5)),
     "release": c.Release("orders", 0x0000010000020001, (3,), True),
     "modify": c.Modify(
