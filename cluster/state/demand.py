@@ -31,6 +31,8 @@ command on a site without waiting consumers costs one truth test.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from cluster.state.effects import (
     CONDITIONS,
     Delivered,
@@ -41,10 +43,19 @@ from cluster.state.effects import (
     Released,
 )
 from cluster.state.merge import read_only_origin, read_only_text
-from cluster.state.model import Queue, Session, SiteState
+from cluster.state.model import Queue, Session, SiteState, session_owner
 from cluster.state.switchover import failback_text, failing_back, guard_text, switching
 
 __all__ = ["add", "assign", "drop_queue", "drop_session", "refusal", "serve", "withdraw"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Owner:
+    """The member that owns a session (a ``Sender``): a refusal of a
+    waiting consumer goes to it, as the refusal of its acquire would."""
+
+    node: int
+    pid: int
 
 
 def refusal(state: SiteState, q: Queue) -> tuple[Reason, str] | None:
@@ -122,7 +133,8 @@ def _serve_queue(state: SiteState, q: Queue, eff: Effects) -> None:
             state.count("refused")
             if reason is Reason.READ_ONLY:
                 state.count("r3_refused")
-            eff.append(Refused(None, 0, session, q.name, reason, CONDITIONS[reason], text))
+            owner = _Owner(*session_owner(session))
+            eff.append(Refused(owner, 0, session, q.name, reason, CONDITIONS[reason], text))
         drop_queue(state, q)
         return
     waiting = q.waiting

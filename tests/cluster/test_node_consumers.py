@@ -511,3 +511,54 @@ async def test_a_waiting_consumer_gets_a_new_message_without_an_acquire_of_its_b
         await wait_for(lambda: all(waiting(n, "q") == 0 for n in nodes))
         await in_thread(lambda: publish(port1, "q", Message(body="c")))
         await wait_for(lambda: all(depth(n, "q") == (1, 0) for n in nodes))
+
+
+async def test_a_drained_consumer_withdraws_its_standing_demand() -> None:
+    async with memory_broker() as (node, port):
+        await in_thread(lambda: declare(port, "q"))
+        client = RawClient(await trio.open_tcp_stream("127.0.0.1", port))
+        client.conn.open()
+        session = client.conn.session()
+        session.open()
+        receiver = session.receiver("consumer")
+        receiver.source.address = "q"
+        receiver.open()
+        receiver.flow(5)
+        await client.pump_until(lambda: receiver.state & receiver.REMOTE_ACTIVE)
+        await wait_for(lambda: waiting(node, "q") == 5)
+        receiver.drain(0)  # take what is there (nothing), then no more
+        await client.pump_until(lambda: receiver.credit == 0 and not receiver.draining())
+        await wait_for(lambda: waiting(node, "q") == 0)
+        await in_thread(lambda: publish(port, "q", Message(body="later")))
+        await wait_for(lambda: depth(node, "q") == (1, 0))  # nobody took it
+        client.abort()
+
+
+async def test_a_waiting_consumer_of_a_queue_a_switchover_closed_is_detached_naming_it() -> None:
+    async with memory_broker() as (node, port):
+        await in_thread(lambda: declare(port, "q"))
+        await in_thread(lambda: publish(port, "q", Message(body="m")))
+
+        async def attach(name: str) -> tuple[RawClient, Any]:
+            client = RawClient(await trio.open_tcp_stream("127.0.0.1", port))
+            client.conn.open()
+            session = client.conn.session()
+            session.open()
+            receiver = session.receiver(name)
+            receiver.source.address = "q"
+            receiver.open()
+            receiver.flow(1)
+            return client, receiver
+
+        holder, held = await attach("holder")
+        await holder.pump_until(lambda: held.current is not None)  # it holds "m"
+        waiter, waits = await attach("waiter")
+        await waiter.pump_until(lambda: waits.state & waits.REMOTE_ACTIVE)
+        await wait_for(lambda: waiting(node, "q") == 1)
+        quiesce = pc.Switchover("site-d", pc.SwitchoverPhase.QUIESCE, 1, {"q": None})
+        await node.member.submit_and_wait(quiesce)
+        holder.abort()  # "m" comes back while the queue is closed to consumers
+        await waiter.pump_until(lambda: waits.remote_condition is not None)
+        assert "switchover" in waits.remote_condition.description
+        await wait_for(lambda: waiting(node, "q") == 0 and depth(node, "q") == (1, 0))
+        waiter.abort()

@@ -14,6 +14,7 @@ from cluster.state import (
     members_left,
     restore_untrusted,
     session_holdings,
+    session_owner,
     snapshot,
 )
 from protocol import cluster as pc
@@ -121,6 +122,8 @@ def test_a_quiesced_queue_refuses_its_waiting_consumers_instead_of_serving_them(
     eff = apply(st, pc.Release("q", SB, (1,)))
     refused = [e for e in eff if isinstance(e, Refused)]
     assert [(r.session, r.name) for r in refused] == [(SA, "q")]
+    # Addressed to the member that owns the session: its broker closes the link.
+    assert (refused[0].sender.node, refused[0].sender.pid) == session_owner(SA)
     assert "switchover" in refused[0].description
     assert delivered(eff) == [] and st.demand == {}
 
