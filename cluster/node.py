@@ -434,10 +434,11 @@ class BrokerNode(NullObserver):
         else:
             # The credit not yet asked for becomes standing demand: what the
             # queue lacks goes to this consumer as it comes, without another
-            # acquire (cluster/state/demand.py).  While half of the credit is
-            # still asked for, a client's top-ups wait to go as one.
+            # acquire (cluster/state/demand.py).  While more is asked for or
+            # in the client's hands than would be asked now, a client's
+            # top-ups wait to go as one: an acquire per half window.
             want = link.credit - consumer.acquiring - standing
-            if (consumer.acquiring or standing) and 2 * want < link.credit:
+            if want < consumer.acquiring + standing + len(consumer.unsettled):
                 return
         if want <= 0:
             return
@@ -778,6 +779,7 @@ class BrokerNode(NullObserver):
         if run:
             await self._submit_settlement(consumer, run_kind, run)
         self._settled_on.add(link.connection.id)
+        self._request(consumer)  # what it held no longer holds back its top-up
 
     async def on_close_asked(self, conn: AmqpConnection) -> None:
         # A client that sees its close answered takes its accepts as done: a

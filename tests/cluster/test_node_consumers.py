@@ -562,3 +562,29 @@ async def test_a_waiting_consumer_of_a_queue_a_switchover_closed_is_detached_nam
         assert "switchover" in waits.remote_condition.description
         await wait_for(lambda: waiting(node, "q") == 0 and depth(node, "q") == (1, 0))
         waiter.abort()
+
+
+async def test_a_consumer_s_top_up_held_back_by_what_it_held_is_asked_once_it_settles() -> None:
+    async with memory_broker() as (_node, port):
+        await in_thread(lambda: declare(port, "q"))
+        await in_thread(lambda: publish(port, "q", *(Message(body=f"m{i}") for i in range(30))))
+        client = RawClient(await trio.open_tcp_stream("127.0.0.1", port))
+        client.conn.open()
+        session = client.conn.session()
+        session.open()
+        receiver = session.receiver("consumer")
+        receiver.source.address = "q"
+        receiver.open()
+        receiver.flow(10)
+        await client.pump_until(lambda: receiver.queued == 10)
+        receiver.flow(5)  # five more while it holds ten: the broker waits for half a window
+        held = []
+        while receiver.current is not None:
+            held.append(receiver.current)
+            receiver.advance()
+        for delivery in held:
+            delivery.update(Disposition.ACCEPTED)
+            delivery.settle()
+        # Settled, nothing holds the five back: they come, with no new publish.
+        await client.pump_until(lambda: receiver.queued == 5)
+        client.abort()
