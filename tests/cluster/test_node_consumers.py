@@ -513,17 +513,23 @@ async def test_a_waiting_consumer_gets_a_new_message_without_an_acquire_of_its_b
         await wait_for(lambda: all(depth(n, "q") == (1, 0) for n in nodes))
 
 
+async def raw_consumer(port: int, credit: int, name: str = "consumer") -> tuple[RawClient, Any]:
+    """A raw Proton client attached to queue "q" with ``credit``, and its receiver."""
+    client = RawClient(await trio.open_tcp_stream("127.0.0.1", port))
+    client.conn.open()
+    session = client.conn.session()
+    session.open()
+    receiver = session.receiver(name)
+    receiver.source.address = "q"
+    receiver.open()
+    receiver.flow(credit)
+    return client, receiver
+
+
 async def test_a_drained_consumer_withdraws_its_standing_demand() -> None:
     async with memory_broker() as (node, port):
         await in_thread(lambda: declare(port, "q"))
-        client = RawClient(await trio.open_tcp_stream("127.0.0.1", port))
-        client.conn.open()
-        session = client.conn.session()
-        session.open()
-        receiver = session.receiver("consumer")
-        receiver.source.address = "q"
-        receiver.open()
-        receiver.flow(5)
+        client, receiver = await raw_consumer(port, 5)
         await client.pump_until(lambda: receiver.state & receiver.REMOTE_ACTIVE)
         await wait_for(lambda: waiting(node, "q") == 5)
         receiver.drain(0)  # take what is there (nothing), then no more
@@ -538,21 +544,9 @@ async def test_a_waiting_consumer_of_a_queue_a_switchover_closed_is_detached_nam
     async with memory_broker() as (node, port):
         await in_thread(lambda: declare(port, "q"))
         await in_thread(lambda: publish(port, "q", Message(body="m")))
-
-        async def attach(name: str) -> tuple[RawClient, Any]:
-            client = RawClient(await trio.open_tcp_stream("127.0.0.1", port))
-            client.conn.open()
-            session = client.conn.session()
-            session.open()
-            receiver = session.receiver(name)
-            receiver.source.address = "q"
-            receiver.open()
-            receiver.flow(1)
-            return client, receiver
-
-        holder, held = await attach("holder")
+        holder, held = await raw_consumer(port, 1, "holder")
         await holder.pump_until(lambda: held.current is not None)  # it holds "m"
-        waiter, waits = await attach("waiter")
+        waiter, waits = await raw_consumer(port, 1, "waiter")
         await waiter.pump_until(lambda: waits.state & waits.REMOTE_ACTIVE)
         await wait_for(lambda: waiting(node, "q") == 1)
         quiesce = pc.Switchover("site-d", pc.SwitchoverPhase.QUIESCE, 1, {"q": None})
@@ -568,14 +562,7 @@ async def test_a_consumer_s_top_up_held_back_by_what_it_held_is_asked_once_it_se
     async with memory_broker() as (_node, port):
         await in_thread(lambda: declare(port, "q"))
         await in_thread(lambda: publish(port, "q", *(Message(body=f"m{i}") for i in range(30))))
-        client = RawClient(await trio.open_tcp_stream("127.0.0.1", port))
-        client.conn.open()
-        session = client.conn.session()
-        session.open()
-        receiver = session.receiver("consumer")
-        receiver.source.address = "q"
-        receiver.open()
-        receiver.flow(10)
+        client, receiver = await raw_consumer(port, 10)
         await client.pump_until(lambda: receiver.queued == 10)
         receiver.flow(5)  # five more while it holds ten: the broker waits for half a window
         held = []
