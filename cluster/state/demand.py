@@ -95,10 +95,11 @@ def withdraw(state: SiteState, queue: str, session: int, consumer: int) -> None:
 def drop_session(state: SiteState, session: int) -> None:
     """A closing session's consumers want nothing more."""
     for name in list(state.demand):
-        q = state.queues[name]
-        for key in [k for k in q.waiting if k[0] == session]:
-            del q.waiting[key]
-        if not q.waiting:
+        q = state.queues.get(name)
+        if q is not None:
+            for key in [k for k in q.waiting if k[0] == session]:
+                del q.waiting[key]
+        if q is None or not q.waiting:
             del state.demand[name]
 
 

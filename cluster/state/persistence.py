@@ -209,6 +209,7 @@ def drop_transient(state: SiteState) -> TransientDropped:
     gone_queues = [q for q in state.queues.values() if q.replica is None and not queue_durable(q)]
     for q in gone_queues:
         del state.queues[q.name]
+        state.demand.pop(q.name, None)
         drop_bindings_to(state, q.name)
         forget_reports(state, q.name)
         for pos, (sid, _consumer) in q.acquired.items():

@@ -17,6 +17,7 @@ from cluster.state import (
     session_owner,
     snapshot,
 )
+from cluster.state.persistence import take_recovery
 from protocol import cluster as pc
 from protocol.errors import RemoteProtocolError
 from tests.cluster.test_state import SA, SB, B, publish, site
@@ -100,6 +101,16 @@ def test_a_deleted_queue_takes_its_waiting_consumers_with_it() -> None:
     assert st.demand == {}
     apply(st, pc.QueueDeclare("q"))
     assert delivered(publish_one(st, "q", b"1")) == []
+
+
+def test_a_whole_site_restart_ends_every_demand_even_on_a_queue_it_drops() -> None:
+    st = site("transient")  # not durable: the restart drops the queue itself
+    apply(st, pc.QueueDeclare("kept", {"durable": True}))
+    apply(st, pc.Acquire("transient", SA, 1, 3))
+    apply(st, pc.Acquire("kept", SB, 2, 3))
+    dropped = take_recovery(st)
+    assert dropped.queues == ("transient",)
+    assert st.demand == {} and st.queues["kept"].waiting == {}
 
 
 def test_a_message_refused_as_undeliverable_here_passes_to_the_next_consumer() -> None:
