@@ -130,7 +130,8 @@ MAGIC = b"DRGS"
 # waiting for its DR site (earlier versions read as none).  7: the queues
 # that failback waits on (version 6 read as its guarded queues).  8: the
 # handover's cseq and the sites' roles swapped (earlier versions: neither).
-# 9: a failback by delta under way (earlier versions: none).
+# 9: a failback by delta under way (earlier versions: none).  10: consumers'
+# standing demand (earlier versions: none waiting).
 SNAPSHOT_VERSION = 10
 _READABLE_VERSIONS = (2, 3, 4, 5, 6, 7, 8, 9, SNAPSHOT_VERSION)
 
