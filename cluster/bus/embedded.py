@@ -211,6 +211,9 @@ class _FrameReader:
 
 # --- sequencer ----------------------------------------------------------------
 
+# What a connection that ends under us raises.
+_GONE = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
 
 @dataclass(eq=False)
 class _Connection:
@@ -338,10 +341,18 @@ class SequencerServer:
     async def _handle(self, stream: trio.SocketStream) -> None:
         conn = _Connection(next(self._numbers), stream)
         reader = _FrameReader(stream, max_frame=HANDSHAKE_MAX_FRAME_BYTES)
+        peer = _peer(stream)
         try:
             node = None
-            with trio.move_on_after(HELLO_TIMEOUT_S):
+            with trio.move_on_after(HELLO_TIMEOUT_S) as handshake:
                 node = await self._admit(stream, reader, conn.number)
+            if handshake.cancelled_caught:
+                log.warning(
+                    "bus peer %s closed: it did not finish the handshake within %.0f s",
+                    peer,
+                    HELLO_TIMEOUT_S,
+                    extra={"peer": peer, "group": self.group},
+                )
             if node is None:
                 return
             reader.max_frame = MAX_FRAME_BYTES
@@ -351,16 +362,24 @@ class SequencerServer:
                 conn.cancel_scope = nursery.cancel_scope
                 nursery.start_soon(self._write_loop, conn)
                 await self._inbox_send.send(("join", conn, []))
-                with contextlib.suppress(
-                    trio.BrokenResourceError, trio.ClosedResourceError, RemoteProtocolError, OSError
-                ):
-                    # A reset or a bad frame ends this member like an EOF does.
+                try:
                     await self._read_loop(conn, reader)
+                except _GONE as exc:
+                    # A reset ends this member like an EOF does.
+                    log.info("member %s (%s) left: %r", conn.member, peer, exc)
+                except RemoteProtocolError as exc:
+                    log.warning("member %s (%s) dropped: bad frame: %s", conn.member, peer, exc)
                 # Stop the writer only once the sequencer has closed our
                 # outbox (after the leave): it flushes what is queued.
                 await self._inbox_send.send(("leave", conn, []))
-        except (trio.BrokenResourceError, trio.ClosedResourceError, RemoteProtocolError, OSError):
-            pass
+        except (*_GONE, RemoteProtocolError) as exc:
+            if conn.member is None:
+                log.warning(
+                    "bus peer %s closed during the handshake: %r",
+                    peer,
+                    exc,
+                    extra={"peer": peer, "group": self.group},
+                )
         finally:
             if conn.member is not None:
                 with trio.CancelScope(shield=True), trio.move_on_after(5):
@@ -402,11 +421,7 @@ class SequencerServer:
 
     async def _refuse(self, stream: trio.SocketStream, why: str, text: str) -> None:
         self._refused += 1
-        try:
-            host, port = stream.socket.getpeername()[:2]
-            peer = f"{host}:{port}"
-        except OSError:
-            peer = "unknown"
+        peer = _peer(stream)
         log.warning(
             "bus peer %s refused: it %s",
             peer,
@@ -461,6 +476,15 @@ class SequencerServer:
             # to: closing our end makes its next send fail at once.
             conn.outbox_recv.close()
             conn.cancel_scope.cancel()
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    """``host:port`` of the other end, for the log."""
+    try:
+        host, port = stream.socket.getpeername()[:2]
+    except OSError:
+        return "unknown"
+    return f"{host}:{port}"
 
 
 async def serve_sequencer(

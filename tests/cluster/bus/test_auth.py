@@ -7,6 +7,7 @@ members are unaffected.  The sequencer runs in this process on loopback TCP
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import struct
 from collections.abc import AsyncIterator
@@ -287,3 +288,34 @@ async def test_a_member_does_not_trust_a_sequencer_that_cannot_prove_the_key(
         assert f"did not prove that it holds the bus key in {key_file}" in str(caught.value)
         assert "check bus.address" in str(caught.value)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_that_never_finishes_the_handshake_is_closed_and_logged(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("cluster.bus.embedded.HELLO_TIMEOUT_S", 0.2)
+    async with open_embedded_site("site-p") as site:
+        assert site.bus.address is not None
+        stream = await trio.open_tcp_stream(site.bus.address.host, site.bus.address.port)
+        peer = "{}:{}".format(*stream.socket.getsockname()[:2])
+        async with stream:
+            await stream.send_all(frame(HELLO, b"")[:3])  # half a frame head, then silence
+            with trio.fail_after(DEADLINE_S):
+                assert await read_until_eof(stream) == b""
+        assert f"bus peer {peer} closed: it did not finish the handshake" in caplog.text
+
+
+async def test_a_peer_reset_during_the_handshake_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with open_embedded_site("site-p") as site:
+        assert site.bus.address is not None
+        stream = await trio.open_tcp_stream(site.bus.address.host, site.bus.address.port)
+        peer = "{}:{}".format(*stream.socket.getsockname()[:2])
+        await stream.send_all(frame(HELLO, b"")[:3])
+        # A TCP reset, as a killed process's kernel would send.
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        stream.socket.close()
+        with trio.fail_after(DEADLINE_S):
+            while f"bus peer {peer} closed during the handshake" not in caplog.text:  # noqa: ASYNC110
+                await trio.sleep(0.01)  # polling the sequencer's log
