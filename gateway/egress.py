@@ -276,11 +276,13 @@ class Egress:
                 # P's clock and position, for the next PING (D's recovery point).
                 sender.announce(time_us=_now_us(), last_seq=self._spool_now().held_upto)
                 out = sender.data_to_send(now)
-                if out:
-                    await stream.send_all(out)
                 self._sender_stats = sender.statistics()
                 if self.capture is not None:
+                    # Stamped before the bytes leave: over a short link D may
+                    # apply them before this task runs again.
                     self.capture.forwarded_sent(sender, self._sender_stats)
+                if out:
+                    await stream.send_all(out)
                 deadline = self._watermark.due(self.acked_seq, sender.tick(trio.current_time()))
                 if self._woken or self._has_more(session):
                     await trio.lowlevel.checkpoint()

@@ -412,3 +412,65 @@ async def test_the_egress_pings_carry_ps_clock_and_last_seq(
         beat = await d.next_of(link.Heartbeat, within=10)
     assert beat.last_seq == 6
     assert before - 1e6 <= beat.time_us <= time.time() * 1e6  # P's wall clock
+
+
+class _StampOrder:
+    """A capture that notes when the egress stamps its forwarded events,
+    and a stream that notes how many events the link had handed out at each
+    send: an event must be stamped before its bytes leave."""
+
+    def __init__(self) -> None:
+        self.sender: object = None
+        self.stamped = 0
+        self.late: list[tuple[int, int]] = []  # (handed out, stamped) at a send
+
+    def forwarded(self, sender: object, seq: int, payload: bytes) -> None:
+        self.sender = sender
+
+    def forwarded_sent(self, sender: object, stats: link.SenderStatistics) -> None:
+        self.stamped = stats.events
+
+    def sent(self) -> None:
+        if self.sender is not None:
+            handed_out = self.sender.statistics().events  # type: ignore[attr-defined]
+            if handed_out > self.stamped:
+                self.late.append((handed_out, self.stamped))
+
+
+class _NotingStream(trio.abc.Stream):
+    def __init__(self, inner: trio.abc.Stream, order: _StampOrder) -> None:
+        self.inner, self.order = inner, order
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        self.order.sent()
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_forwarded_event_is_stamped_before_its_bytes_leave(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Stamped after the send, an event could be applied at D before P's
+    # capture said it left: the analysis's lag came out negative on loopback.
+    order = _StampOrder()
+
+    class Noting(Site):
+        async def connect(self, address: Address) -> trio.abc.Stream:
+            return _NotingStream(await super().connect(address), order)
+
+    site = Noting(tmp_path, events=10)
+    site.egress.capture = order  # type: ignore[assignment]
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 4)
+        assert await receive_through(d, 10) == list(range(5, 11))
+    assert order.stamped == 6
+    assert order.late == []
