@@ -463,11 +463,6 @@ def waiting(node: BrokerNode, queue: str) -> int:
     return sum(node.member.state.queues[queue].waiting.values())
 
 
-def credit(node: BrokerNode) -> int:
-    """The credit of the node's consumers (0 when it has none)."""
-    return sum(c.link.credit for c in node._consumers.values())
-
-
 async def test_a_waiting_consumer_gets_a_new_message_without_an_acquire_of_its_broker() -> None:
     async with two_brokers() as (nodes, (port1, port2)):
         await in_thread(lambda: declare(port1, "q"))
@@ -479,38 +474,31 @@ async def test_a_waiting_consumer_gets_a_new_message_without_an_acquire_of_its_b
             post(cmd)
 
         nodes[1].member.post = recording  # type: ignore[method-assign]
-
-        def consume() -> list[str]:
-            conn = connect(port2)
-            try:
-                receiver = conn.create_receiver("q", credit=4)
-                bodies = []
-                for _ in range(2):
-                    bodies.append(receiver.receive(timeout=TIMEOUT_S).body)
-                    receiver.accept()
-                return bodies
-            finally:
-                conn.close()
-
-        async with trio.open_nursery() as nursery:
-            got: list[list[str]] = []
-
-            async def run() -> None:
-                got.append(await in_thread(consume))
-
-            nursery.start_soon(run)
-            # Its credit (what Proton's receiver granted: 4, or 8 once it
-            # topped it up) is the site's standing demand before anything arrives.
-            await wait_for(lambda: all(waiting(n, "q") == credit(nodes[1]) >= 4 for n in nodes))
-            asked = len(posted)
-            await in_thread(lambda: publish(port1, "q", Message(body="a"), Message(body="b")))
-        assert got == [["a", "b"]]
+        client, receiver = await raw_consumer(port2, 4)  # its credit, once
+        await client.pump_until(lambda: receiver.state & receiver.REMOTE_ACTIVE)
+        # Its credit is the site's standing demand before anything arrives.
+        await wait_for(lambda: all(waiting(n, "q") == 4 for n in nodes))
+        asked = len(posted)
+        await in_thread(lambda: publish(port1, "q", Message(body="a"), Message(body="b")))
+        await client.pump_until(lambda: receiver.queued == 2)
+        bodies = []
+        while receiver.current is not None:
+            message = Message()
+            message.decode(receiver.recv(receiver.current.pending))
+            bodies.append(message.body)
+            receiver.advance()
+        assert bodies == ["a", "b"]
         # The publishes at broker 1 delivered them at broker 2: it asked nothing more.
         assert not [c for c in posted[asked:] if isinstance(c, pc.Acquire)]
-        # Its link closed: what it still asked for is withdrawn at every member.
+        assert all(waiting(n, "q") == 2 for n in nodes)
+        # Its link closes: what it still asked for is withdrawn at every member.
+        receiver.close()
+        await client.pump_until(lambda: receiver.state & receiver.REMOTE_CLOSED)
         await wait_for(lambda: all(waiting(n, "q") == 0 for n in nodes))
         await in_thread(lambda: publish(port1, "q", Message(body="c")))
-        await wait_for(lambda: all(depth(n, "q") == (1, 0) for n in nodes))
+        # a and b came back unsettled; c stays for the next consumer.
+        await wait_for(lambda: all(depth(n, "q") == (3, 0) for n in nodes))
+        client.abort()
 
 
 async def raw_consumer(port: int, credit: int, name: str = "consumer") -> tuple[RawClient, Any]:
