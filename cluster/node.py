@@ -21,10 +21,9 @@ Consumers: a consumer's credit becomes ``Acquire(queue, session, consumer,
 count)``; the state hands out the first available messages, in stream order,
 so two consumers on different nodes never get the same message.  What an
 acquire does not get stays asked for in the state (standing demand,
-cluster/state/demand.py): the state hands each later message to a waiting
-consumer as it applies the command that brought it, and the node sends it on
-the ``Delivered`` effect.  A consumer with a selector asks again instead,
-when its queue has something for it.
+cluster/state/demand.py), which hands each later message to a waiting
+consumer as it applies the command that brought it; the node sends it on the
+``Delivered`` effect.  A consumer with a selector asks again instead.
 
 Joining: see :mod:`cluster.member` and :mod:`cluster.membership`.
 """
@@ -145,6 +144,7 @@ class _Consumer:
     session: int
     id: int
     acquiring: int = 0  # requested in Acquire commands not yet applied
+    withdrawing: bool = False  # a drain's Withdraw is posted, no Acquire since
     unsettled: dict[int, int] = field(default_factory=dict)  # pos -> pos
     # A browser (distribution-mode copy) is sent every message without
     # acquiring it, in position order: ``cursor`` is the last position it
@@ -426,7 +426,8 @@ class BrokerNode(NullObserver):
         if link.drain:
             # A drain takes what the queue holds now, no more: the standing
             # demand goes (then drained(), once the acquires are applied).
-            if standing:
+            if standing and not consumer.withdrawing:
+                consumer.withdrawing = True  # once, not per credit frame until it applies
                 self.member.post(pc.Withdraw(consumer.queue, consumer.session, consumer.id))
             want = min(
                 link.credit - consumer.acquiring, available(self.member.state, consumer.queue)
@@ -443,6 +444,7 @@ class BrokerNode(NullObserver):
         if want <= 0:
             return
         consumer.acquiring += want
+        consumer.withdrawing = False  # what this asks may stand: a drain withdraws it again
         self.member.post(pc.Acquire(consumer.queue, consumer.session, consumer.id, want))
 
     def _request_matching(self, consumer: _Consumer) -> None:

@@ -33,15 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cluster.state.effects import (
-    CONDITIONS,
-    Delivered,
-    Effects,
-    Enqueued,
-    Reason,
-    Refused,
-    Released,
-)
+from cluster.state.effects import Delivered, Effects, Enqueued, Reason, Released, refuse
 from cluster.state.merge import read_only_origin, read_only_text
 from cluster.state.model import Queue, Session, SiteState, session_owner
 from cluster.state.switchover import failback_text, failing_back, guard_text, switching
@@ -131,11 +123,8 @@ def _serve_queue(state: SiteState, q: Queue, eff: Effects) -> None:
     if why is not None:
         reason, text = why
         for session, _consumer in list(q.waiting):
-            state.count("refused")
-            if reason is Reason.READ_ONLY:
-                state.count("r3_refused")
             owner = _Owner(*session_owner(session))
-            eff.append(Refused(owner, 0, session, q.name, reason, CONDITIONS[reason], text))
+            refuse(state, eff, owner, reason, q.name, text, session=session)
         drop_queue(state, q)
         return
     waiting = q.waiting

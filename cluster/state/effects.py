@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from protocol.modes import Mode
 from protocol.quickinit import quick_init
 from protocol.values import ValueMap
+
+if TYPE_CHECKING:
+    from cluster.state.model import SiteState
 
 
 class Sender(Protocol):
@@ -294,3 +297,24 @@ Effect: TypeAlias = (
 
 Effects: TypeAlias = list[Effect]
 """What applying one command produced, in order (every handler appends to one)."""
+
+
+def refuse(
+    state: SiteState,
+    eff: Effects,
+    sender: Sender | None,
+    reason: Reason,
+    name: str,
+    description: str,
+    *,
+    ref: int = 0,
+    session: int = 0,
+) -> None:
+    """Refuse a command (or a waiting consumer's demand) on ``name``: count
+    it in ``state``'s counters and append the ``Refused`` for ``sender``."""
+    state.count("refused")
+    if reason is Reason.READ_ONLY:
+        state.count("r3_refused")
+    elif reason is Reason.MAX_DEPTH:
+        state.count("max_depth_refused")
+    eff.append(Refused(sender, ref, session, name, reason, CONDITIONS[reason], description))

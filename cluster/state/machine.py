@@ -32,7 +32,6 @@ from typing import Any
 from cluster.selector import SelectorError
 from cluster.state import demand
 from cluster.state.effects import (
-    CONDITIONS,
     Dequeued,
     Effects,
     Enqueued,
@@ -42,9 +41,9 @@ from cluster.state.effects import (
     Promoted,
     QueueDeclared,
     Reason,
-    Refused,
     Sender,
     Settled,
+    refuse,
 )
 from cluster.state.merge import origin_record, read_only_origin, read_only_text
 from cluster.state.model import (
@@ -158,25 +157,6 @@ def apply_all(
 # --------------------------------------------------------------------------
 
 
-def _refuse(
-    state: SiteState,
-    eff: Effects,
-    sender: Sender | None,
-    reason: Reason,
-    name: str,
-    description: str,
-    *,
-    ref: int = 0,
-    session: int = 0,
-) -> None:
-    state.count("refused")
-    if reason is Reason.READ_ONLY:
-        state.count("r3_refused")
-    elif reason is Reason.MAX_DEPTH:
-        state.count("max_depth_refused")
-    eff.append(Refused(sender, ref, session, name, reason, CONDITIONS[reason], description))
-
-
 def _temporary_problem(state: SiteState, cmd: QueueDeclare, sender: Sender | None) -> str | None:
     """Why ``cmd`` may not declare a temporary queue: it must be new, and
     owned by an open session of its sender (whose closing deletes it)."""
@@ -210,7 +190,7 @@ def _queue_declare(
     if problem is None and TEMPORARY_ARG in cmd.args:
         problem = _temporary_problem(state, cmd, sender)
     if problem is not None:
-        _refuse(
+        refuse(
             state,
             eff,
             sender,
@@ -242,14 +222,14 @@ def _writable_queue(
     refusing: unknown queue, or a read-only replica (R3)."""
     q = state.queues.get(name)
     if q is None:
-        _refuse(
+        refuse(
             state, eff, sender, Reason.UNKNOWN_QUEUE, name,
             f"cannot {verb} queue {name!r}: no such queue",
         )  # fmt: skip
         return None
     origin = read_only_origin(state, q)
     if origin is not None:
-        _refuse(
+        refuse(
             state, eff, sender, Reason.READ_ONLY, name, read_only_text(q.name, origin, passive)
         )  # fmt: skip
         return None
@@ -271,7 +251,7 @@ def _exchange_declare(
         state.exchanges[cmd.exchange] = Exchange(cmd.exchange, cmd.type, cmd.args)
         return
     if ex.type != cmd.type:
-        _refuse(
+        refuse(
             state,
             eff,
             sender,
@@ -289,7 +269,7 @@ def _exchange_delete(
 ) -> None:
     ex = state.exchanges.get(cmd.exchange)
     if ex is None:
-        _refuse(
+        refuse(
             state,
             eff,
             sender,
@@ -299,7 +279,7 @@ def _exchange_delete(
         )
         return
     if ex.predeclared:
-        _refuse(
+        refuse(
             state,
             eff,
             sender,
@@ -317,7 +297,7 @@ def _bind_target(
 ) -> Exchange | None:
     ex = state.exchanges.get(exchange)
     if ex is None:
-        _refuse(
+        refuse(
             state,
             eff,
             sender,
@@ -327,7 +307,7 @@ def _bind_target(
         )
         return None
     if exchange == "":
-        _refuse(
+        refuse(
             state,
             eff,
             sender,
@@ -337,7 +317,7 @@ def _bind_target(
         )
         return None
     if queue not in state.queues:
-        _refuse(
+        refuse(
             state,
             eff,
             sender,
@@ -358,7 +338,7 @@ def _bind(state: SiteState, cmd: Bind, sender: Sender | None, eff: Effects) -> N
 def _unbind(state: SiteState, cmd: Unbind, sender: Sender | None, eff: Effects) -> None:
     ex = state.exchanges.get(cmd.exchange)
     if ex is None:
-        _refuse(
+        refuse(
             state,
             eff,
             sender,
@@ -390,7 +370,7 @@ def route(state: SiteState, exchange: str, routing_key: str) -> list[str] | None
 def _publish(state: SiteState, cmd: Publish, sender: Sender | None, eff: Effects) -> None:
     targets = route(state, cmd.exchange, cmd.routing_key)
     if targets is None:
-        _refuse(
+        refuse(
             state,
             eff,
             sender,
@@ -401,7 +381,7 @@ def _publish(state: SiteState, cmd: Publish, sender: Sender | None, eff: Effects
         )
         return
     if not targets and cmd.exchange == "":
-        _refuse(
+        refuse(
             state,
             eff,
             sender,
@@ -419,7 +399,7 @@ def _publish(state: SiteState, cmd: Publish, sender: Sender | None, eff: Effects
                 reason, text = Reason.SWITCHOVER, swapped_text(state, name)
             else:
                 reason, text = Reason.SUPERSEDED, _superseded_text(state, name)
-            _refuse(state, eff, sender, reason, name, text, ref=cmd.ref)
+            refuse(state, eff, sender, reason, name, text, ref=cmd.ref)
             return
     size = len(cmd.body)
     queues = [state.queues[name] for name in targets]
@@ -427,7 +407,7 @@ def _publish(state: SiteState, cmd: Publish, sender: Sender | None, eff: Effects
     for q in queues:
         origin = read_only_origin(state, q)
         if origin is not None:
-            _refuse(
+            refuse(
                 state,
                 eff,
                 sender,
@@ -445,7 +425,7 @@ def _publish(state: SiteState, cmd: Publish, sender: Sender | None, eff: Effects
                 if q.max_count is not None and q.depth + 1 > q.max_count
                 else f"{q.max_size} bytes"
             )
-            _refuse(
+            refuse(
                 state,
                 eff,
                 sender,
@@ -470,7 +450,7 @@ def _acquire(
 ) -> None:
     q = state.queues.get(cmd.queue)
     if q is None:
-        _refuse(
+        refuse(
             state,
             eff,
             sender,
@@ -482,7 +462,7 @@ def _acquire(
         return
     s = state.sessions.get(cmd.session)
     if s is None:
-        _refuse(
+        refuse(
             state,
             eff,
             sender,
@@ -495,7 +475,7 @@ def _acquire(
     why = demand.refusal(state, q)
     if why is not None:
         reason, text = why
-        _refuse(state, eff, sender, reason, q.name, text, session=cmd.session)
+        refuse(state, eff, sender, reason, q.name, text, session=cmd.session)
         return
     match = None
     if isinstance(cmd, AcquireMatching):
@@ -503,7 +483,7 @@ def _acquire(
             match = matcher(cmd.selector)
         except SelectorError as exc:
             # The broker checked it at attach: only a faulty member sends this.
-            _refuse(
+            refuse(
                 state,
                 eff,
                 sender,
@@ -585,7 +565,7 @@ def _purge(state: SiteState, cmd: Purge, sender: Sender | None, eff: Effects) ->
 def _session_open(state: SiteState, cmd: SessionOpen, sender: Sender | None, eff: Effects) -> None:
     if sender is not None and session_owner(cmd.session) != (sender.node, sender.pid):
         node, pid = session_owner(cmd.session)
-        _refuse(
+        refuse(
             state,
             eff,
             sender,

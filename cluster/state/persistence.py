@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from cluster.state.effects import Released
 from cluster.state.merge import read_only_origin
 from cluster.state.model import Exchange, Queue, Recovery, SiteState
-from cluster.state.queues import drop_bindings_to, forget_hold, forget_reports
+from cluster.state.queues import forget_hold, forget_queue, forget_reports
 from cluster.state.replica import replica_of
 from cluster.state.sessions import site_restarted
 from cluster.state.views import route
@@ -208,12 +208,7 @@ def drop_transient(state: SiteState) -> TransientDropped:
     state gets the same state."""
     gone_queues = [q for q in state.queues.values() if q.replica is None and not queue_durable(q)]
     for q in gone_queues:
-        del state.queues[q.name]
-        state.demand.pop(q.name, None)
-        drop_bindings_to(state, q.name)
-        forget_reports(state, q.name)
-        for pos, (sid, _consumer) in q.acquired.items():
-            forget_hold(state, sid, q.name, pos)
+        forget_queue(state, q)
     gone_exchanges = [
         x for x in state.exchanges.values() if not x.replica_origin and not exchange_durable(x)
     ]

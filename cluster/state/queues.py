@@ -20,14 +20,20 @@ def drop_bindings_to(state: SiteState, queue: str) -> None:
 
 
 def delete_queue(state: SiteState, q: Queue, eff: list[Effect]) -> None:
+    forget_queue(state, q)
+    eff.append(QueueDeleted(q.name, q.depth))
+
+
+def forget_queue(state: SiteState, q: Queue) -> None:
+    """Remove ``q`` and everything that names it: its waiting consumers'
+    demand, its bindings, its reports, and what sessions held on it (every
+    way a queue goes, a delete or a whole-site restart, comes here)."""
     del state.queues[q.name]
     state.demand.pop(q.name, None)  # its waiting consumers go with it
     drop_bindings_to(state, q.name)
     forget_reports(state, q.name)
-    # Sessions forget what they held on it.
     for pos, (sid, _consumer) in q.acquired.items():
         forget_hold(state, sid, q.name, pos)
-    eff.append(QueueDeleted(q.name, q.depth))
 
 
 def purge_available(q: Queue) -> list[int]:

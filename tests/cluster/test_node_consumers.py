@@ -528,6 +528,28 @@ async def test_a_drained_consumer_withdraws_its_standing_demand() -> None:
         client.abort()
 
 
+async def test_a_drain_posts_its_withdraw_once_while_it_is_on_its_way() -> None:
+    async with memory_broker() as (node, port):
+        await in_thread(lambda: declare(port, "q"))
+        client, receiver = await raw_consumer(port, 5)
+        await client.pump_until(lambda: receiver.state & receiver.REMOTE_ACTIVE)
+        await wait_for(lambda: waiting(node, "q") == 5)
+        held: list[Any] = []  # the Withdraws, kept from the bus until the end
+        post = node.member.post
+        node.member.post = lambda c: held.append(c) if isinstance(c, pc.Withdraw) else post(c)
+        receiver.drain(0)
+        await client.flush()
+        await wait_for(lambda: len(held) == 1)
+        (consumer,) = node._consumers.values()
+        await node.on_credit(consumer.link, 0)  # the next flow frame, before it applies
+        await node.on_credit(consumer.link, 0)
+        assert len(held) == 1
+        node.member.post = post
+        post(held[0])
+        await wait_for(lambda: waiting(node, "q") == 0)
+        client.abort()
+
+
 async def test_a_waiting_consumer_of_a_queue_a_switchover_closed_is_detached_naming_it() -> None:
     async with memory_broker() as (node, port):
         await in_thread(lambda: declare(port, "q"))
