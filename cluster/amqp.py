@@ -436,6 +436,7 @@ class AmqpConnection:
         self._write_wanted = trio.Event()
         self._done = trio.Event()
         self._pumped = trio.Event()  # set after each pump cycle
+        self._reader_waiting = False  # for _pumped: the engine takes no input
         self.closed = False
         self.statistics_messages_in = 0
         self.statistics_messages_out = 0
@@ -524,7 +525,9 @@ class AmqpConnection:
             if capacity == 0:
                 # The engine holds unprocessed input: wait for the pump.
                 self._wake_pump()
+                self._reader_waiting = True
                 await self._pumped.wait()
+                self._reader_waiting = False
                 continue
             try:
                 data = await self._stream.receive_some(min(capacity, READ_BYTES))
@@ -540,8 +543,9 @@ class AmqpConnection:
                 self._transport.push(bytes(data))
             except (proton.TransportException, OverflowError) as exc:
                 log.info("amqp conn=%d peer=%s bad input: %s", self.id, self.peer, exc)
+            # The pump kicks the writer if the input made output: one task
+            # step fewer per read than kicking it here as well.
             self._wake_pump()
-            self._kick_writer()
 
     async def _write_loop(self) -> None:
         while True:
@@ -568,8 +572,25 @@ class AmqpConnection:
                     self._finish()
                     return
                 self._transport.pop(len(data))
-            # Output may have freed input capacity, and new events may wait.
-            self._wake_pump()
+            # A pump pass costs a task step: worth it for a reader waiting on
+            # input capacity, or for events the pump acts on (writing may
+            # end the output).  A settlement made from another task leaves
+            # only PN_TRANSPORT ("output to write"), which the pump ignores:
+            # waking it for that cost a pass per settled publish.
+            if self._events_waiting() or self._reader_waiting:
+                self._wake_pump()
+
+    def _events_waiting(self) -> bool:
+        """Whether the collector holds an event other than PN_TRANSPORT
+        (those at its head are dropped: the writer has just acted on them)."""
+        collector = self._collector._impl
+        while True:
+            impl = cproton.pn_collector_peek(collector)
+            if cproton.isnull(impl):
+                return False
+            if cproton.pn_event_type(impl) != cproton.PN_TRANSPORT:
+                return True
+            cproton.pn_collector_pop(collector)
 
     def _has_output(self) -> bool:
         """Bytes to write, or the end of the output to reach (the writer

@@ -390,6 +390,40 @@ async def test_an_idle_connection_does_not_spin() -> None:
             nursery.cancel_scope.cancel()
 
 
+async def test_a_publish_settled_from_another_task_costs_one_pump_pass() -> None:
+    # A settlement made outside the pump leaves a PN_TRANSPORT event, and the
+    # writer woke the pump for it after writing: two passes per publish where
+    # the broker node (which settles once the bus has applied) needs one.
+    handler = MemoryHandler(settle_now=False)
+    n = 40
+    with trio.fail_after(TIMEOUT_S):
+        async with trio.open_nursery() as nursery:
+            port = await start_server(nursery, handler)
+
+            async def settle_as_they_come() -> None:
+                while True:
+                    await handler.wait_for(lambda: bool(handler.pending))
+                    delivery = handler.pending.pop(0)
+                    delivery.settle(amqp.ACCEPTED)
+                    delivery.link.flow(1)
+
+            nursery.start_soon(settle_as_they_come)
+
+            def client() -> None:
+                conn = BlockingConnection(f"127.0.0.1:{port}", timeout=CLIENT_TIMEOUT_S)
+                sender = conn.create_sender("q")
+                for i in range(n):
+                    sender.send(Message(body=f"m{i}"))  # waits for its settlement
+                conn.close()
+
+            await in_thread(client)
+            (link,) = handler.attached
+            cycles = link.connection.statistics_pump_cycles
+            # Opening, attaching and closing take a few passes more.
+            assert cycles < n + 10, f"{cycles} pump passes for {n} publishes"
+            nursery.cancel_scope.cancel()
+
+
 async def test_presettled_receiver_gets_accepted_outcomes_at_send() -> None:
     handler = MemoryHandler()
     handler.queues["q"] = ["x", "y"]
