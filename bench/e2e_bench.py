@@ -123,13 +123,18 @@ def egress_lag(two: TwoSites) -> float | None:
     return None
 
 
+def publishers_for(rate: float) -> int:
+    """How many publisher processes a step at ``rate``/s starts (0: unpaced)."""
+    return max(1, math.ceil(rate / PER_PUBLISHER)) if rate else 2
+
+
 def step(
     two: TwoSites, queue: str, count: int, rate: float, tag: str, publish_args: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """Publish ``count`` messages at ``rate``/s (0: unpaced) at P, consume them
     at D.  ``two`` may be any pair of sites with the same client surface
     (bench/peer_rabbitmq.py passes its RabbitMQ pair)."""
-    publishers_n = max(1, math.ceil(rate / PER_PUBLISHER)) if rate else 2
+    publishers_n = publishers_for(rate)
     share = count // publishers_n
     at = consumer_node(two)
     consumer = two.d.client_popen(
@@ -214,9 +219,10 @@ CPU_ROLES = [
 ]
 
 
-def process_roles(two: TwoSites) -> dict[str, tuple[str, int]]:
-    """Every process of the two sites: its label -> (role, pid)."""
-    publishing = {publisher_node(two, i) for i in range(2)}
+def process_roles(two: TwoSites, publishers: int = 2) -> dict[str, tuple[str, int]]:
+    """Every process of the two sites: its label -> (role, pid), with
+    ``publishers`` publisher processes running."""
+    publishing = {publisher_node(two, i) for i in range(publishers)}
     roles: dict[str, tuple[str, int]] = {}
     for site, tag in ((two.p, "P"), (two.d, "D")):
         for name, proc in site.procs.items():
@@ -302,9 +308,9 @@ def cpu_paced(workdir: Path, nodes: int, loads: list[int], step_s: float) -> lis
     results = []
     with TwoSites(nodes=nodes, delay_ms=25, metrics=True, workdir=workdir / "cpu-paced") as two:
         declare(two, QUEUE)
-        roles = process_roles(two)
         for load in loads:
             print(f"CPU at {load} msgs/s offered, {nodes} node(s) per site ...", flush=True)
+            roles = process_roles(two, publishers_for(load))
             meter = CpuMeter({name: pid for name, (_role, pid) in roles.items()})
             start = time.monotonic()
             meter.start()
