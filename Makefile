@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test check-fast fuzz lint typecheck pytest deb venv clean bench-resync bench-journal \
-	bench-peer bench-cpu bench-wan bench-durable bench-deliver bench-analysis chaos test-long
+	bench-peer bench-cpu bench-wan bench-durable bench-deliver bench-analysis bench-ab chaos test-long
 
 demo: deb $(STAMP)
 	$(VENV)/bin/drgate demo
@@ -134,6 +134,14 @@ bench-cpu: $(STAMP)
 # (bench/e2e_bench.py --wan-delays; docs/performance.md; about 8 minutes).
 bench-wan: $(STAMP)
 	$(PY) bench/e2e_bench.py --wan-delays 25,50,100
+
+# This tree against BASE, bench/e2e_bench.py ARGS alternating between them for
+# ROUNDS rounds, every table cell side by side (bench/ab.py; docs/performance.md).
+BASE ?= HEAD
+ROUNDS ?= 3
+ARGS ?= --cpu-paced 500,1000 --step 6 --cpu-nodes 3
+bench-ab: $(STAMP)
+	$(PY) bench/ab.py $(BASE) --rounds $(ROUNDS) -- $(ARGS)
 
 # One broker serving one consumer in one process: the delivery path's cost
 # (bench/broker_deliver.py; docs/performance.md).
