@@ -302,12 +302,21 @@ def per_message(
     return {"us_per_message": by_role, "total_us": sum(sum(v) for v in by_role.values())}
 
 
-def cpu_paced(workdir: Path, nodes: int, loads: list[int], step_s: float) -> list[dict[str, Any]]:
+def cpu_paced(
+    workdir: Path, nodes: int, loads: list[int], step_s: float, spool_fsync: str = "never"
+) -> list[dict[str, Any]]:
     """µs CPU per delivered message of each process role at each paced
     load (``step_s`` seconds each) through one pair of fresh sites, with the
-    share of the machine's cores all processes used over the step."""
+    share of the machine's cores all processes used over the step; the
+    sidecars' spools with ``spool_fsync``."""
     results = []
-    with TwoSites(nodes=nodes, delay_ms=25, metrics=True, workdir=workdir / "cpu-paced") as two:
+    with TwoSites(
+        nodes=nodes,
+        delay_ms=25,
+        metrics=True,
+        workdir=workdir / "cpu-paced",
+        spool_fsync=spool_fsync,
+    ) as two:
         declare(two, QUEUE)
         for load in loads:
             print(f"CPU at {load} msgs/s offered, {nodes} node(s) per site ...", flush=True)
@@ -474,7 +483,7 @@ def run_cpu(workdir: Path, args: argparse.Namespace) -> None:
     sizes = [int(n) for n in args.cpu_nodes.split(",")]
     if args.cpu_paced:
         loads = [int(x) for x in args.cpu_paced.split(",")]
-        print_cpu(cpu_paced(workdir, sizes[0], loads, args.step))
+        print_cpu(cpu_paced(workdir, sizes[0], loads, args.step, args.spool_fsync))
         return
     results = []
     for nodes in sizes:
@@ -549,6 +558,12 @@ def main() -> int:
     parser.add_argument("--cpu-burst", type=int, default=CPU_BURST)
     parser.add_argument("--cpu-nodes", default="3,1", help="site sizes of the CPU bursts")
     parser.add_argument("--cpu-size", type=int, default=0, help="message bytes (0: ~10)")
+    parser.add_argument(
+        "--spool-fsync",
+        choices=("never", "batch", "always"),
+        default="never",
+        help="the sidecars' spool.fsync in --cpu-paced (the lab's never by default)",
+    )
     parser.add_argument(
         "--cpu-paced", default=None, help="only CPU per message at these paced loads, e.g. 500,1000"
     )

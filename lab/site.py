@@ -399,8 +399,11 @@ class TwoSites(Started):
         durable: bool = False,
         verify_s: int | None = None,
         reversible: bool = False,
+        spool_fsync: str = "never",
     ) -> None:
-        """``tls``: the link runs mutual TLS with certificates made in
+        """``spool_fsync``: the sidecars' ``spool.fsync`` (``never`` here: the
+        lab's runs measure drgate, not this machine's disk; ``batch`` is the
+        production default).  ``tls``: the link runs mutual TLS with certificates made in
         WORKDIR/tls (lab/certs.py), as a production pair would; False runs it
         with ``insecure: true``.  ``verify_s``: the sites compare their copies
         this often (the sidecars' ``link.verify_s``; None: its default).
@@ -414,6 +417,7 @@ class TwoSites(Started):
         self._certs: dict[str, SiteCert] = {}
         self.bus = bus
         self.spool_max_bytes = spool_max_bytes
+        self.spool_fsync = spool_fsync
         self.verify_s = verify_s
         self.labs: list[CorosyncSite] = []
         self._labs_up: set[str] = set()
@@ -595,7 +599,7 @@ class TwoSites(Started):
                 else []
             ),
             *([f"  expect_brokers: {len(site.node_ids)}"] if site.durable else []),
-            f"spool:\n  directory: {spool}\n  fsync: never",
+            f"spool:\n  directory: {spool}\n  fsync: {self.spool_fsync}",
             *([f"  max_bytes: {self.spool_max_bytes}"] if self.spool_max_bytes else []),
             f"rules: {self.rules}",
         ]
