@@ -475,7 +475,6 @@ async def test_a_waiting_consumer_gets_a_new_message_without_an_acquire_of_its_b
 
         nodes[1].member.post = recording  # type: ignore[method-assign]
         client, receiver = await raw_consumer(port2, 4)  # its credit, once
-        await client.pump_until(lambda: receiver.state & receiver.REMOTE_ACTIVE)
         # Its credit is the site's standing demand before anything arrives.
         await wait_for(lambda: all(waiting(n, "q") == 4 for n in nodes))
         asked = len(posted)
@@ -502,7 +501,8 @@ async def test_a_waiting_consumer_gets_a_new_message_without_an_acquire_of_its_b
 
 
 async def raw_consumer(port: int, credit: int, name: str = "consumer") -> tuple[RawClient, Any]:
-    """A raw Proton client attached to queue "q" with ``credit``, and its receiver."""
+    """A raw Proton client attached to queue "q" with ``credit`` (the broker
+    has answered the attach), and its receiver."""
     client = RawClient(await trio.open_tcp_stream("127.0.0.1", port))
     client.conn.open()
     session = client.conn.session()
@@ -511,6 +511,7 @@ async def raw_consumer(port: int, credit: int, name: str = "consumer") -> tuple[
     receiver.source.address = "q"
     receiver.open()
     receiver.flow(credit)
+    await client.pump_until(lambda: receiver.state & receiver.REMOTE_ACTIVE)
     return client, receiver
 
 
@@ -518,7 +519,6 @@ async def test_a_drained_consumer_withdraws_its_standing_demand() -> None:
     async with memory_broker() as (node, port):
         await in_thread(lambda: declare(port, "q"))
         client, receiver = await raw_consumer(port, 5)
-        await client.pump_until(lambda: receiver.state & receiver.REMOTE_ACTIVE)
         await wait_for(lambda: waiting(node, "q") == 5)
         receiver.drain(0)  # take what is there (nothing), then no more
         await client.pump_until(lambda: receiver.credit == 0 and not receiver.draining())
@@ -532,7 +532,6 @@ async def test_a_drain_posts_its_withdraw_once_while_it_is_on_its_way() -> None:
     async with memory_broker() as (node, port):
         await in_thread(lambda: declare(port, "q"))
         client, receiver = await raw_consumer(port, 5)
-        await client.pump_until(lambda: receiver.state & receiver.REMOTE_ACTIVE)
         await wait_for(lambda: waiting(node, "q") == 5)
         held: list[Any] = []  # the Withdraws, kept from the bus until the end
         post = node.member.post
@@ -557,7 +556,6 @@ async def test_a_waiting_consumer_of_a_queue_a_switchover_closed_is_detached_nam
         holder, held = await raw_consumer(port, 1, "holder")
         await holder.pump_until(lambda: held.current is not None)  # it holds "m"
         waiter, waits = await raw_consumer(port, 1, "waiter")
-        await waiter.pump_until(lambda: waits.state & waits.REMOTE_ACTIVE)
         await wait_for(lambda: waiting(node, "q") == 1)
         quiesce = pc.Switchover("site-d", pc.SwitchoverPhase.QUIESCE, 1, {"q": None})
         await node.member.submit_and_wait(quiesce)
