@@ -51,7 +51,9 @@ producer: a write that would pass the bound first deletes the OLDEST segments
 deleted.  The spool is never larger than ``max_bytes`` plus one segment.
 
 *Reading.*  :meth:`Spool.read_after` bisects the segments by last seq, then
-reads from the nearest sparse index entry of the first one.  :meth:`Spool.lag`
+reads from the nearest sparse index entry of the first one; the live
+stream's last records come from memory (the events just written, kept by
+gateway/spoolsegments.py), not read back.  :meth:`Spool.lag`
 counts the unacked records from the per-segment counts and the index, so
 memory does not grow with the backlog.
 
@@ -313,6 +315,7 @@ class Spool:
         segs = self._segs
         pending = bytearray()
         notes: list[tuple[int, int]] = []  # (seq, offset) of the records in pending
+        written: list[Event] = []  # and the events they encode
         always = self.fsync is FsyncPolicy.ALWAYS
         pack, crc, header_size = sf.HEADER_STRUCT.pack, sf.record_crc, sf.HEADER_SIZE
         for seq, time_us, payload, prev_seq in it:
@@ -320,7 +323,7 @@ class Spool:
             try:
                 sf.check_event(seq, time_us, payload, prev_seq, last)
             except SpoolError:
-                self._flush(pending, notes)
+                self._flush(pending, notes, written)
                 raise
             self._batch_last = seq
             if seq <= self._marks.trimmed_upto:
@@ -328,7 +331,7 @@ class Spool:
                 continue
             top = max(self._marks.floor, last or 0)
             if prev_seq > top:  # the events in between never reached the spool
-                self._flush(pending, notes)
+                self._flush(pending, notes, written)
                 self._marks.lose(top + 1, prev_seq)
                 log.warning("spool.append gap first_seq=%d last_seq=%d", top + 1, prev_seq)
                 self._try_save_state()
@@ -337,24 +340,27 @@ class Spool:
             if seg is None or (
                 (seg.count or notes) and seg.size + len(pending) + rec_len > self.segment_bytes
             ):
-                self._flush(pending, notes)
+                self._flush(pending, notes, written)
                 self._make_room(sf.PREAMBLE_SIZE)
                 segs.roll(seq, self._marks.incarnation)
                 seg = segs.segments[-1]
             notes.append((seq, seg.size + len(pending)))
+            written.append((seq, time_us, payload, prev_seq))
             pending += pack(
                 len(payload), crc(seq, prev_seq, time_us, payload), seq, prev_seq, time_us
             )
             pending += payload
             if always:
-                self._flush(pending, notes)
+                self._flush(pending, notes, written)
                 segs.sync_active()
-        self._flush(pending, notes)
+        self._flush(pending, notes, written)
 
-    def _flush(self, pending: bytearray, notes: list[tuple[int, int]]) -> None:
+    def _flush(
+        self, pending: bytearray, notes: list[tuple[int, int]], written: list[Event]
+    ) -> None:
         if pending:
             self._make_room(len(pending))
-            self._segs.write(pending, notes)
+            self._segs.write(pending, notes, written)
 
     def _write_failed(self, exc: OSError, rest: Iterator[Event]) -> None:
         """The disk failed a write: the batch's events are lost for D."""

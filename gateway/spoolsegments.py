@@ -14,10 +14,14 @@ them; a write that fails part-way is cut back off the file (or, if even that
 fails, the segment is closed for appending and the next open cuts its torn
 tail), so memory never says more than the disk holds.
 
-The egress reads what was just appended, event after event; the sparse
-index would make each such read walk up to an index interval of records, so
-the set also keeps the offsets of the active segment's last records (a tail
-index, :data:`TAIL_RECORDS`) and starts a read there when it can.
+The egress reads what was just appended, event after event.  The set keeps
+the active segment's last records as the events they encode (at most
+:data:`RECENT_BYTES` of records, filled only after their write succeeded), and
+a read that starts among them is answered from memory: no open, read and CRC
+check of bytes written a moment before.  A read further back would walk up
+to an index interval of records from the sparse index, so the set also keeps
+the offsets of the active segment's last records (a tail index,
+:data:`TAIL_RECORDS`) and starts a read there when it can.
 
 Everything is synchronous file I/O on the caller's thread.
 """
@@ -35,6 +39,9 @@ from gateway.spoolfile import Event, FsyncPolicy, Segment
 # Records of the active segment whose offsets are kept (seq, offset: a few
 # hundred KiB of ints): the egress's reads of the live stream start there.
 TAIL_RECORDS = 8192
+# Bytes of records of the active segment kept as events (the egress's read
+# size, REPLAY_BYTES): the live stream is sent from memory.
+RECENT_BYTES = 1 << 20
 
 
 class SegmentSet:
@@ -56,6 +63,12 @@ class SegmentSet:
         self._tail_of: Segment | None = None
         self._tail_seqs: list[int] = []
         self._tail_offsets: list[int] = []
+        # The last events written to _recent_of (a contiguous run up to its
+        # last record), their seqs and their records' bytes.
+        self._recent_of: Segment | None = None
+        self._recent: list[Event] = []
+        self._recent_seqs: list[int] = []
+        self._recent_bytes = 0
 
     def adopt(self, segments: list[Segment]) -> None:
         """Take the segments a scan found; the last one becomes the active one."""
@@ -81,10 +94,11 @@ class SegmentSet:
 
     # --- writing ----------------------------------------------------------------
 
-    def write(self, pending: bytearray, notes: list[tuple[int, int]]) -> None:
-        """Write ``pending`` (the records of ``notes``: (seq, offset)) at the end
-        of the active segment, then index them, and clear both.  Raises the
-        write's ``OSError`` after cutting off what part of it reached the file."""
+    def write(self, pending: bytearray, notes: list[tuple[int, int]], events: list[Event]) -> None:
+        """Write ``pending`` (the records of ``notes``: (seq, offset), encoding
+        ``events``) at the end of the active segment, then index them, and
+        clear all three.  Raises the write's ``OSError`` after cutting off what
+        part of it reached the file."""
         if not pending:
             return
         assert self.fd is not None
@@ -101,6 +115,7 @@ class SegmentSet:
             seg.note_record(seq, offset, seg.count)
             seg.count += 1
         self._note_tail(seg, notes)
+        self._note_recent(seg, events, len(pending))
         seg.last_seq = self.last_seqs[-1] = self.last_seq = notes[-1][0]
         self.appended += len(notes)
         self.bytes += len(pending)
@@ -108,6 +123,7 @@ class SegmentSet:
         self.dirty = True
         pending.clear()
         notes.clear()
+        events.clear()
 
     def _note_tail(self, seg: Segment, notes: list[tuple[int, int]]) -> None:
         if self._tail_of is not seg:
@@ -116,6 +132,42 @@ class SegmentSet:
         self._tail_offsets += [offset for _, offset in notes]
         if len(self._tail_seqs) > 2 * TAIL_RECORDS:
             del self._tail_seqs[:-TAIL_RECORDS], self._tail_offsets[:-TAIL_RECORDS]
+
+    def _note_recent(self, seg: Segment, events: list[Event], size: int) -> None:
+        if self._recent_of is not seg:
+            self._recent_of, self._recent, self._recent_seqs = seg, [], []
+            self._recent_bytes = 0
+        self._recent += events
+        self._recent_seqs += [event[0] for event in events]
+        self._recent_bytes += size
+        if self._recent_bytes > 2 * RECENT_BYTES:
+            drop, left = 0, self._recent_bytes
+            while left > RECENT_BYTES:
+                left -= sf.HEADER_SIZE + len(self._recent[drop][2])
+                drop += 1
+            del self._recent[:drop], self._recent_seqs[:drop]
+            self._recent_bytes = left
+
+    def _read_recent(self, seg: Segment, after: int, max_bytes: int) -> list[Event] | None:
+        """The events of ``seg`` above ``after`` within ``max_bytes`` (as
+        :func:`gateway.spoolfile.read_segment` counts), from memory; None
+        unless the recent events hold the first of them."""
+        seqs = self._recent_seqs
+        if self._recent_of is not seg or not seqs:
+            return None
+        if seqs[0] > after and len(seqs) < seg.count:
+            return None  # it starts in records that are on disk only
+        out: list[Event] = []
+        budget = max_bytes
+        for event in self._recent[bisect.bisect_right(seqs, after) :]:
+            size = sf.HEADER_SIZE + len(event[2])
+            if out and size > budget:
+                break
+            out.append(event)
+            budget -= size
+            if budget <= 0:
+                break
+        return out
 
     def _tail_start(self, seg: Segment, after: int) -> int | None:
         """Where the first record of ``seg`` above ``after`` starts, if the
@@ -210,6 +262,10 @@ class SegmentSet:
     def read_after(self, after: int, max_bytes: int) -> list[Event]:
         """Events above ``after``, at least one if any, within ``max_bytes`` of records."""
         i = bisect.bisect_right(self.last_seqs, after)
+        if i == len(self.segments) - 1:
+            recent = self._read_recent(self.segments[i], after, max_bytes)
+            if recent is not None:
+                return recent
         out: list[Event] = []
         budget = max_bytes
         while i < len(self.segments) and (budget > 0 or not out):

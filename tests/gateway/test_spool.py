@@ -15,6 +15,7 @@ import pytest
 
 from gateway import spool as sp
 from gateway import spoolfile as sf
+from gateway import spoolsegments
 from gateway import spoolstate as ss
 from gateway.spool import FsyncPolicy, Spool, SpoolCorruptError, SpoolError
 
@@ -160,11 +161,43 @@ def test_a_trim_that_deletes_nothing_writes_no_state_until_a_deletion_or_close(
         assert s.read_after(0)[0][0] == 211
 
 
+def test_the_live_tail_is_read_from_memory_as_the_disk_would_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The egress reads what was just appended: the events come from memory
+    (each read of the file was an open, a read and a CRC check per record),
+    with the byte budget counted as a read of the file counts it; a read
+    that starts further back than the recent events goes to the file."""
+    reads: list[int] = []
+    real = sf.read_segment
+
+    def recording(seg: sf.Segment, after: int, budget: int, out: list[Event], **kw: int) -> int:
+        reads.append(after)
+        return real(seg, after, budget, out, **kw)
+
+    monkeypatch.setattr(sf, "read_segment", recording)
+    monkeypatch.setattr(spoolsegments, "RECENT_BYTES", 100 * (sf.HEADER_SIZE + 100))
+    evs = events(1, 400, size=100)
+    asked = [(a, b) for a in (0, 299, 300, 301, 395, 399, 400) for b in (1, 250, 1000, 1 << 20)]
+    with Spool.open(tmp_path, max_bytes=1 << 24, segment_bytes=1 << 22, fsync="never") as s:
+        for first in range(0, 400, 4):
+            s.append_many(evs[first : first + 4])
+            reads.clear()
+            assert s.read_after(first) == evs[first : first + 4]
+            assert reads == []
+        live = {(a, b): s.read_after(a, b) for a, b in asked}
+        assert reads == [0, 0, 0, 0]  # from 0 only: the oldest records are no longer kept
+    with Spool.open(tmp_path, max_bytes=1 << 24, segment_bytes=1 << 22, fsync="never") as s:
+        assert {(a, b): s.read_after(a, b) for a, b in asked} == live
+
+
 def test_a_read_of_the_live_tail_starts_at_the_record_it_wants(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The egress reads what was just appended: without the tail index each
-    read walked up to an index interval (64 KiB) of records first."""
+    """A read of the active segment further back than the recent events:
+    without the tail index each read walked up to an index interval (64 KiB)
+    of records first."""
+    monkeypatch.setattr(spoolsegments, "RECENT_BYTES", 0)
     starts: list[int | None] = []
     real = sf.read_segment
 
@@ -450,6 +483,7 @@ def test_disk_full_raises_the_floor_and_never_lies(
         assert seg.stat().st_size == size == st_.bytes  # the partial record was cut off
         assert s.needs_resync(16) and not s.needs_resync(45)
         assert caplog.text.count("spool.write failed") == 1
+        assert s.read_after(16) == []  # nothing of the failed batches, in memory either
         disk.budget = None  # space freed
         s.append_many(events(46, 3, prev=45))
         assert "spool.write recovered" in caplog.text
@@ -571,7 +605,11 @@ def test_corruption_in_the_middle_names_file_and_offset(tmp_path: Path) -> None:
     assert seg.read_bytes() == bytes(data)  # nothing was truncated
 
 
-def test_corruption_found_on_read_is_reported(tmp_path: Path) -> None:
+def test_corruption_found_on_read_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The live tail comes from memory (the bytes written): read from the file.
+    monkeypatch.setattr(spoolsegments, "RECENT_BYTES", 0)
     with Spool.open(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 16, fsync="never") as s:
         s.append_many(events(1, 10))
         (seg,) = seg_files(tmp_path)
