@@ -121,7 +121,7 @@ class Egress:
         self._force_resync = False  # D found a gap: resync until a cut is acked
         self._resync_requested = False  # resync on the link that is up
         self.gaps = 0  # gaps D reported
-        self._sender_stats: link.SenderStatistics | None = None
+        self._sender: link.LinkSender | None = None  # the link up's, for its statistics
         self._watermark = WatermarkAnnouncer(member, config.site)
         self._waiting: trio.CancelScope | None = None
         self._woken = False
@@ -214,8 +214,9 @@ class Egress:
         self.status.state = "refused" if self._refusal else "down"
         self.status.resync.active = False  # an unfinished resync starts again from scratch
         self.status.reconnects += 1
-        s, self._sender_stats = self._sender_stats, None
-        if s is not None:
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            s = sender.statistics()
             self.status.ended.update(
                 bytes_sent_total=s.bytes_raw,
                 bytes_sent_wire_total=s.bytes_sent,
@@ -254,6 +255,7 @@ class Egress:
             )
         )
         session = _Session(sender, address)
+        self._sender = sender
         floor = self._spool_now().floor
         async with stream, trio.open_nursery() as nursery:
             await stream.send_all(sender.start(trio.current_time(), resume_point=floor))
@@ -276,11 +278,10 @@ class Egress:
                 # P's clock and position, for the next PING (D's recovery point).
                 sender.announce(time_us=_now_us(), last_seq=self._spool_now().held_upto)
                 out = sender.data_to_send(now)
-                self._sender_stats = sender.statistics()
                 if self.capture is not None:
                     # Stamped before the bytes leave: over a short link D may
                     # apply them before this task runs again.
-                    self.capture.forwarded_sent(sender, self._sender_stats)
+                    self.capture.forwarded_sent(sender, sender.statistics())
                 if out:
                     await stream.send_all(out)
                 deadline = self._watermark.due(self.acked_seq, sender.tick(trio.current_time()))
@@ -469,7 +470,7 @@ class Egress:
             acked_seq=acked,
             lag=lag(spool, acked, time.time()),
             spool=spooled,
-            sender=self._sender_stats,
+            sender=None if self._sender is None else self._sender.statistics(),
             ended=self.status.ended,
             gaps_total=self.gaps,
             superseded_by=self.member.state.superseded_by,

@@ -112,8 +112,8 @@ class Ingress:
         self.refused_events = 0  # events a link peer sent that D does not admit
         self.links_up = 0  # accepted link connections open now
         self.link_port: int | None = None  # the bound link port
-        # statistics of each open connection
-        self._receivers: dict[int, link.ReceiverStatistics] = {}
+        # each open connection's receiver, for its statistics
+        self._receivers: dict[int, link.LinkReceiver] = {}
         # What D's brokers have on disk; the sidecar's hook says when it moves.
         journaled = member.bus_config.expect_brokers > 0
         self.durable = DurableWatermark((lambda: member.state.durable_cseq) if journaled else None)
@@ -237,7 +237,7 @@ class Ingress:
             reconnects_total=self.status.reconnects,
             rtt_seconds=self.status.rtt,
             events_received_total=self.ingested,
-            receivers=list(self._receivers.values()),
+            receivers=[receiver.statistics() for receiver in self._receivers.values()],
             ended=self.status.ended,
             refused_total=self.refused_events,
             security="insecure" if self._ssl_context is None else "mutual-tls",
@@ -291,12 +291,12 @@ class _Connection:
     async def _serve_link(self, stream: trio.abc.Stream) -> None:
         """The reading loop: send what the receiver has, read, hand events up."""
         receiver = self.receiver
+        self.ingress._receivers[id(self)] = receiver
         while True:
             now = trio.current_time()
             out = receiver.data_to_send(now)
             if out:
                 await stream.send_all(out)
-            self.ingress._receivers[id(self)] = receiver.statistics()
             await self._receive(stream, receiver.tick(now), now)
             await self._check_fenced(stream)
             await self._handle_events(stream)

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
@@ -105,6 +106,33 @@ async def test_streams_the_spool_after_ds_resume_point(
     assert site.spool.floor == 10  # D's ack trimmed the spool
     marks = [c for c in site.member.posted if isinstance(c, pc.AckWatermark)]
     assert [m.cseq for m in marks] == [4, 10]  # the standbys are told
+
+
+async def test_the_links_statistics_are_read_when_asked_not_at_every_turn(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop turns once per wake-up; building the sender's statistics
+    there cost 2 µs each, for a ``/status`` read once a few seconds."""
+    built: list[int] = []
+    real = link.LinkSender.statistics
+
+    def counting(self: link.LinkSender) -> link.SenderStatistics:
+        built.append(1)
+        return real(self)
+
+    monkeypatch.setattr(link.LinkSender, "statistics", counting)
+    site = Site(tmp_path, events=10)
+    async with running(site):
+        _, d = await site.next_link()
+        await accept(d, 4)
+        assert await receive_through(d, 10) == list(range(5, 11))
+        for seq in range(11, 31):
+            site.spool.append(seq, seq * 1_000, PAYLOAD, seq - 1)
+            site.egress.wake()
+            await receive_through(d, seq)
+        assert built == []
+        assert site.egress.link_statistics().events_sent_total == 26  # as it is now
+        assert built == [1]
 
 
 async def test_each_event_carries_its_spooled_prev_seq(

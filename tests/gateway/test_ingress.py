@@ -93,6 +93,32 @@ async def test_acks_only_what_d_applied(
         assert ingress.ingested == 2
 
 
+async def test_the_links_statistics_are_read_when_asked_not_at_every_turn(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reading loop turns once per wake-up; building the receiver's
+    statistics there cost 2 µs each, for a ``/status`` read once a few seconds."""
+    built: list[int] = []
+    real = link.LinkReceiver.statistics
+
+    def counting(self: link.LinkReceiver) -> link.ReceiverStatistics:
+        built.append(1)
+        return real(self)
+
+    monkeypatch.setattr(link.LinkReceiver, "statistics", counting)
+    member = MemberStandIn("site-d")
+    ingress = make_ingress(tmp_path, member)
+    async with connected(ingress) as end:
+        await hello(end)
+        for seq in range(1, 21):
+            end.machine.send_event(link.LinkEvent(seq, seq * 1_000, replicated(seq)))
+            await end.pump_for(0.1)
+        assert ingress.ingested == 20
+        assert built == []
+        assert ingress.link_statistics().batches_received_total == 20  # as it is now
+        assert built == [1]
+
+
 def durable_on_disk(member: MemberStandIn, ingress: Ingress, cseq: int) -> None:
     """A D broker's ``Durable`` report applied, and the sidecar's hook for it."""
     member.apply(pc.Durable(2, cseq))
