@@ -445,8 +445,10 @@ class _Connection:
         self._ack_made()
 
     def _ack_made(self) -> None:
-        """Stop waiting for the egress's bytes, so the ack goes out at once."""
-        if self.reading is not None:
+        """Stop waiting for the egress's bytes when the ack changes what the
+        reading loop waits for (its timer starts, or it is due now); while
+        the ack timer runs, the wait already ends when it runs out."""
+        if self.reading is not None and self.receiver.ack_due_changed():
             self.reading.cancel()
 
     def _check_applied(self, seq: int) -> None:

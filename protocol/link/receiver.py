@@ -337,6 +337,16 @@ class LinkReceiver:
         self._acked_since_ack += n
         self._acked_seq = seq
 
+    def ack_due_changed(self) -> bool:
+        """After ``ack``/``ack_chunk``: whether the caller must call
+        ``data_to_send``/``tick`` again before the deadline ``tick`` last gave.
+        True for the first ack since the last one sent (its timer starts at
+        that call) and once ``ack_every_events`` were acked; False while the
+        timer runs for fewer, since the ack then goes at that deadline."""
+        return self._ack_pending() and (
+            self._ack_timer is None or self._acked_since_ack >= self.config.ack_every_events
+        )
+
     def ack_chunk(self) -> None:
         """The oldest handed-up, unacked resync chunk is applied."""
         if not self._unacked_chunks:

@@ -119,6 +119,41 @@ async def test_the_links_statistics_are_read_when_asked_not_at_every_turn(
         assert built == [1]
 
 
+async def test_an_ack_wakes_the_reading_loop_only_when_it_changes_what_is_due(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Events applied one by one, 0.5 ms apart: the first ack starts the ack
+    timer (the loop must turn to arm it), the next ones only add to the ack
+    the timer sends.  Each of them used to cancel the loop's wait for bytes,
+    a turn of the loop and a new receive per applied batch."""
+    from gateway import ingress as ingress_module
+
+    turns: list[int] = []
+    real = ingress_module._Connection._receive
+
+    async def counting(self: object, *args: object) -> None:
+        turns.append(1)
+        await real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ingress_module._Connection, "_receive", counting)
+    member = MemberStandIn("site-d")
+    ingress = make_ingress(tmp_path, member)
+    async with connected(ingress) as end:
+        await hello(end)
+        await end.pump_for(1)
+        turns.clear()
+        for seq in range(1, 31):
+            end.machine.send_event(link.LinkEvent(seq, seq * 1_000, replicated(seq)))
+            await end.stream.send_all(end.machine.data_to_send(trio.current_time()))
+            await trio.sleep(0.0005)
+        acked = await end.next_of(link.Acked)
+        assert (acked.seq, ingress.ingested) == (30, 30)  # one ack, when its timer ran out
+        # A turn per batch of bytes, one to arm the timer, one when it runs
+        # out, and one when trio's scheduling order puts an ack between the
+        # two (before: 41 to 49).
+        assert len(turns) <= 30 + 3
+
+
 def durable_on_disk(member: MemberStandIn, ingress: Ingress, cseq: int) -> None:
     """A D broker's ``Durable`` report applied, and the sidecar's hook for it."""
     member.apply(pc.Durable(2, cseq))

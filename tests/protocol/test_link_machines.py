@@ -316,11 +316,17 @@ def test_acks_are_batched_by_count_and_by_time() -> None:
     for seq in range(1, 8):
         pair.sender.send_event(ev(seq))
     pair.pump(1.0)
+    assert not pair.receiver.ack_due_changed()  # nothing acked
+    pair.receiver.ack(3)
+    assert pair.receiver.ack_due_changed()  # its timer starts at the next tick
+    pair.pump(1.0)
     pair.receiver.ack(4)
+    assert not pair.receiver.ack_due_changed()  # the running timer sends it
     pair.pump(1.0)
     assert not [e for e in pair.sender_events if isinstance(e, Acked)]
     assert pair.receiver.tick(1.0) == pytest.approx(1.020)
     pair.receiver.ack(5)  # fifth acked event: ACK goes at once
+    assert pair.receiver.ack_due_changed()
     pair.pump(1.001)
     assert [e for e in pair.sender_events if isinstance(e, Acked)] == [Acked(5)]
     pair.receiver.ack(7)
