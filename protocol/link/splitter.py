@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import zstandard
+
 from protocol.link.frames import (
     DEFAULT_MAX_FRAME_BYTES,
     HEADER_SIZE,
@@ -21,14 +23,16 @@ __all__ = ["FrameSplitter"]
 
 class FrameSplitter:
     """Cuts a byte stream into frames.  Checks each header as soon as it is complete,
-    so an oversize or garbage frame is refused before its payload is buffered."""
+    so an oversize or garbage frame is refused before its payload is buffered.
+    Compressed payloads are decompressed with one zstd context per stream."""
 
-    __slots__ = ("_buf", "_header", "_pos", "max_frame_bytes")
+    __slots__ = ("_buf", "_header", "_pos", "_zstd", "max_frame_bytes")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self._buf = bytearray()
         self._pos = 0  # start of the unconsumed bytes in _buf
         self._header: FrameHeader | None = None
+        self._zstd = zstandard.ZstdDecompressor()
         self.max_frame_bytes = max_frame_bytes
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
@@ -66,4 +70,6 @@ class FrameSplitter:
         check_crc_untrusted(head, payload, header)
         self._pos = pos + total
         self._header = None
-        return decode_payload_untrusted(header, payload, max_frame_bytes=self.max_frame_bytes)
+        return decode_payload_untrusted(
+            header, payload, max_frame_bytes=self.max_frame_bytes, zstd=self._zstd
+        )
