@@ -47,7 +47,10 @@ ingress, and the top functions are printed (and written to DIR).  With
 for paced loads through one pair of fresh sites of the first ``--cpu-nodes``
 size (each load for ``--step`` seconds), with the share of the machine's
 cores all processes used and the lag: what a message costs when each one
-wakes every process on its way, as at any load below saturation.
+wakes every process on its way, as at any load below saturation; with
+``--profile DIR`` py-spy records the egress, the ingress and one standby of
+each site during each step.  Both tables end with the share of the
+processes' CPU that was system time (their system calls).
 
 Metrics cost: one burst of unpaced publishes on fresh sites with
 metrics off and on (``TwoSites(metrics=False|True)``); the ratio of delivered/s
@@ -269,8 +272,7 @@ def cpu_burst(
                 CPU_ROLES[0]: "P broker receiving the publishes",
                 CPU_ROLES[7]: "D broker serving the consumer",
             }
-            profiled = {names[role]: pid for role, pid in roles.values() if role in names}
-            profiler = Profiler(profiled, profile / f"{nodes}-node")
+            profiler = Profiler(profiled_roles(roles, names), profile / f"{nodes}-node")
             if not profiler.start():
                 profiler = None
         meter.start()
@@ -287,8 +289,24 @@ def cpu_burst(
         "delivered": result["delivered"],
         "delivered_per_s": result["delivered_per_s"],
         **per_message(spent, roles, result["delivered"]),
+        "kernel_share": meter.kernel_share(spent),
         "profiles": files,
     }
+
+
+# What a paced step profiles: below saturation each process's cost is its
+# wake-ups, and a standby shows what every bus member pays for one.
+PACED_PROFILED = {
+    CPU_ROLES[2]: "egress",
+    CPU_ROLES[5]: "ingress",
+    CPU_ROLES[3]: "P standby tap",
+    CPU_ROLES[6]: "D standby sidecar",
+}
+
+
+def profiled_roles(roles: dict[str, tuple[str, int]], names: dict[str, str]) -> dict[str, int]:
+    """The pid of one process of each role in ``names`` (role: profile name)."""
+    return {names[role]: pid for role, pid in roles.values() if role in names}
 
 
 def per_message(
@@ -303,12 +321,19 @@ def per_message(
 
 
 def cpu_paced(
-    workdir: Path, nodes: int, loads: list[int], step_s: float, spool_fsync: str = "never"
+    workdir: Path,
+    nodes: int,
+    loads: list[int],
+    step_s: float,
+    spool_fsync: str = "never",
+    profile: Path | None = None,
 ) -> list[dict[str, Any]]:
     """µs CPU per delivered message of each process role at each paced
     load (``step_s`` seconds each) through one pair of fresh sites, with the
     share of the machine's cores all processes used over the step; the
-    sidecars' spools with ``spool_fsync``."""
+    sidecars' spools with ``spool_fsync``.  With ``profile``, py-spy records
+    the two gateway halves and one standby of each site meanwhile (the
+    tables are printed and written to ``profile``)."""
     results = []
     with TwoSites(
         nodes=nodes,
@@ -322,16 +347,27 @@ def cpu_paced(
             print(f"CPU at {load} msgs/s offered, {nodes} node(s) per site ...", flush=True)
             roles = process_roles(two, publishers_for(load))
             meter = CpuMeter({name: pid for name, (_role, pid) in roles.items()})
+            profiler = None
+            if profile is not None:
+                profiler = Profiler(profiled_roles(roles, PACED_PROFILED), profile / f"{load}")
+                if not profiler.start():
+                    raise SystemExit("no profile: py-spy not found (PATH or PY_SPY=...)")
             start = time.monotonic()
             meter.start()
             result = step(two, QUEUE, int(load * step_s), load, f"cp{load}-")
             spent = meter.stop()
             elapsed = time.monotonic() - start
+            if profiler is not None:
+                for name, path in sorted(profiler.stop().items()):
+                    table = profile_table(f"{name}, {load}/s offered", path)
+                    (profile / f"{name.replace(' ', '-')}-{load}.md").write_text(table + "\n")
+                    print("\n" + table)
             results.append(
                 {
                     "label": f"{load}/s offered",
                     "delivered_per_s": result["delivered_per_s"],
                     **per_message(spent, roles, result["delivered"]),
+                    "kernel_share": meter.kernel_share(spent),
                     "cores": sum(spent.values()) / elapsed,
                     "p50_ms": result["p50_ms"],
                     "p99_ms": result["p99_ms"],
@@ -362,6 +398,10 @@ def print_cpu(results: list[dict[str, Any]]) -> None:
                 cells.append(" / ".join(f"{v:.0f}" for v in sorted(values)) + " each")
         print(f"{role:<46}" + "".join(f"{c:>26}" for c in cells))
     print(f"{'all processes':<46}" + "".join(f"{r['total_us']:>26.0f}" for r in results))
+    print(
+        f"{'of which in the kernel (system time)':<46}"
+        + "".join(f"{100 * r['kernel_share']:>25.0f}%" for r in results)
+    )
     paced = all("cores" in r for r in results)
     print(
         f"{'delivered/s at D' if paced else 'burst delivered/s at D':<46}"
@@ -483,7 +523,7 @@ def run_cpu(workdir: Path, args: argparse.Namespace) -> None:
     sizes = [int(n) for n in args.cpu_nodes.split(",")]
     if args.cpu_paced:
         loads = [int(x) for x in args.cpu_paced.split(",")]
-        print_cpu(cpu_paced(workdir, sizes[0], loads, args.step, args.spool_fsync))
+        print_cpu(cpu_paced(workdir, sizes[0], loads, args.step, args.spool_fsync, args.profile))
         return
     results = []
     for nodes in sizes:
