@@ -46,8 +46,8 @@ Cells = dict[tuple[str, str], str]
 """One run's table cells: (row, column) -> text."""
 
 
-# A row's cells are figures: digits, separators, "each", "—".
-FIGURES = re.compile(r"^[\d.,/ —]*( each)?$")
+# A row's cells are figures: digits, separators, "%", "each", "—".
+FIGURES = re.compile(r"^[\d.,/ %—]*( each)?$")
 
 
 def parse_tables(output: str) -> Cells:
