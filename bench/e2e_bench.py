@@ -48,8 +48,8 @@ for paced loads through one pair of fresh sites of the first ``--cpu-nodes``
 size (each load for ``--step`` seconds), with the share of the machine's
 cores all processes used and the lag: what a message costs when each one
 wakes every process on its way, as at any load below saturation; with
-``--profile DIR`` py-spy records the egress, the ingress and one standby of
-each site during each step.  Both tables end with the share of the
+``--profile DIR`` py-spy records the egress, the ingress, one standby of
+each site and the brokers at the ends during each step.  Both tables end with the share of the
 processes' CPU that was system time (their system calls).
 
 Metrics cost: one burst of unpaced publishes on fresh sites with
@@ -297,10 +297,12 @@ def cpu_burst(
 # What a paced step profiles: below saturation each process's cost is its
 # wake-ups, and a standby shows what every bus member pays for one.
 PACED_PROFILED = {
+    CPU_ROLES[0]: "P broker receiving the publishes",
     CPU_ROLES[2]: "egress",
-    CPU_ROLES[5]: "ingress",
     CPU_ROLES[3]: "P standby tap",
+    CPU_ROLES[5]: "ingress",
     CPU_ROLES[6]: "D standby sidecar",
+    CPU_ROLES[7]: "D broker serving the consumer",
 }
 
 
