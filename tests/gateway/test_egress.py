@@ -20,6 +20,7 @@ from gateway.spool import Spool
 from gateway.tap import Tap
 from protocol import cluster as pc
 from protocol import link
+from tests.support.calls import count_calls
 from tests.support.linkpeer import LinkEnd, MemberStandIn, sidecar_config
 
 PAYLOAD = b"x" * 100
@@ -113,14 +114,7 @@ async def test_the_links_statistics_are_read_when_asked_not_at_every_turn(
 ) -> None:
     """The loop turns once per wake-up; building the sender's statistics
     there cost 2 µs each, for a ``/status`` read once a few seconds."""
-    built: list[int] = []
-    real = link.LinkSender.statistics
-
-    def counting(self: link.LinkSender) -> link.SenderStatistics:
-        built.append(1)
-        return real(self)
-
-    monkeypatch.setattr(link.LinkSender, "statistics", counting)
+    built = count_calls(monkeypatch, link.LinkSender, "statistics")
     site = Site(tmp_path, events=10)
     async with running(site):
         _, d = await site.next_link()
@@ -132,7 +126,7 @@ async def test_the_links_statistics_are_read_when_asked_not_at_every_turn(
             await receive_through(d, seq)
         assert built == []
         assert site.egress.link_statistics().events_sent_total == 26  # as it is now
-        assert built == [1]
+        assert len(built) == 1
 
 
 async def test_each_event_carries_its_spooled_prev_seq(

@@ -23,6 +23,7 @@ from protocol import cluster as pc
 from protocol import link
 from protocol.link.frames import ErrorFrame, decode_frame_untrusted, encode_frame
 from protocol.modes import Mode
+from tests.support.calls import count_calls
 from tests.support.linkpeer import LinkEnd, MemberStandIn, replicated, sidecar_config
 
 INCARNATION = 5
@@ -98,14 +99,7 @@ async def test_the_links_statistics_are_read_when_asked_not_at_every_turn(
 ) -> None:
     """The reading loop turns once per wake-up; building the receiver's
     statistics there cost 2 µs each, for a ``/status`` read once a few seconds."""
-    built: list[int] = []
-    real = link.LinkReceiver.statistics
-
-    def counting(self: link.LinkReceiver) -> link.ReceiverStatistics:
-        built.append(1)
-        return real(self)
-
-    monkeypatch.setattr(link.LinkReceiver, "statistics", counting)
+    built = count_calls(monkeypatch, link.LinkReceiver, "statistics")
     member = MemberStandIn("site-d")
     ingress = make_ingress(tmp_path, member)
     async with connected(ingress) as end:
@@ -116,7 +110,7 @@ async def test_the_links_statistics_are_read_when_asked_not_at_every_turn(
         assert ingress.ingested == 20
         assert built == []
         assert ingress.link_statistics().batches_received_total == 20  # as it is now
-        assert built == [1]
+        assert len(built) == 1
 
 
 async def test_an_ack_wakes_the_reading_loop_only_when_it_changes_what_is_due(
@@ -128,14 +122,7 @@ async def test_an_ack_wakes_the_reading_loop_only_when_it_changes_what_is_due(
     a turn of the loop and a new receive per applied batch."""
     from gateway import ingress as ingress_module
 
-    turns: list[int] = []
-    real = ingress_module._Connection._receive
-
-    async def counting(self: object, *args: object) -> None:
-        turns.append(1)
-        await real(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(ingress_module._Connection, "_receive", counting)
+    turns = count_calls(monkeypatch, ingress_module._Connection, "_receive")
     member = MemberStandIn("site-d")
     ingress = make_ingress(tmp_path, member)
     async with connected(ingress) as end:
