@@ -51,11 +51,10 @@ producer: a write that would pass the bound first deletes the OLDEST segments
 deleted.  The spool is never larger than ``max_bytes`` plus one segment.
 
 *Reading.*  :meth:`Spool.read_after` bisects the segments by last seq, then
-reads from the nearest sparse index entry of the first one; the live
-stream's last records come from memory (the events just written, kept by
-gateway/spoolsegments.py), not read back.  :meth:`Spool.lag`
-counts the unacked records from the per-segment counts and the index, so
-memory does not grow with the backlog.
+reads from the nearest sparse index entry of the first one (the live
+stream's last records: from memory).  :meth:`Spool.lag` counts the unacked
+records from the per-segment counts and the index, so memory does not grow
+with the backlog.
 
 *Recovery.*  :meth:`Spool.open` scans every segment (every CRC), truncating
 a torn tail and following the ``prev_seq`` chain: a gap (a torn segment that
@@ -355,12 +354,10 @@ class Spool:
                 segs.sync_active()
         self._flush(pending, notes, written)
 
-    def _flush(
-        self, pending: bytearray, notes: list[tuple[int, int]], written: list[Event]
-    ) -> None:
+    def _flush(self, pending: bytearray, notes: list[tuple[int, int]], events: list[Event]) -> None:
         if pending:
             self._make_room(len(pending))
-            self._segs.write(pending, notes, written)
+            self._segs.write(pending, notes, events)
 
     def _write_failed(self, exc: OSError, rest: Iterator[Event]) -> None:
         """The disk failed a write: the batch's events are lost for D."""

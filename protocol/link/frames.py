@@ -685,12 +685,16 @@ def decode_frame_untrusted(
     return decode_payload_untrusted(header, payload, max_frame_bytes=max_frame_bytes)
 
 
+# A stream's zstd decompression context, or None for a new one.
+Zstd = zstandard.ZstdDecompressor | None
+
+
 def decode_payload_untrusted(
     header: FrameHeader,
     payload: bytes,
     *,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-    zstd: zstandard.ZstdDecompressor | None = None,
+    zstd: Zstd = None,
 ) -> Frame:
     """Decode a frame's payload, its header and CRC already checked.
     ``zstd``: the decompression context to use (a connection keeps one:
@@ -711,12 +715,7 @@ def decode_payload_untrusted(
         raise remote_error(LinkErrorCode.MALFORMED, f"malformed {name} payload: {exc}") from None
 
 
-def _decode_payload(
-    header: FrameHeader,
-    payload: bytes,
-    max_frame_bytes: int,
-    zstd: zstandard.ZstdDecompressor | None,
-) -> Frame:
+def _decode_payload(header: FrameHeader, payload: bytes, max_frame_bytes: int, zstd: Zstd) -> Frame:
     ftype = header.type
     compressed = bool(header.flags & FLAG_COMPRESSED)
     if ftype is FrameType.BATCH:
@@ -801,11 +800,7 @@ def _codec(value: int, compressed_flag: bool, where: str) -> Codec:
 
 
 def _decompress(
-    codec: Codec,
-    data: bytes,
-    raw_length: int,
-    max_frame_bytes: int,
-    zstd: zstandard.ZstdDecompressor | None,
+    codec: Codec, data: bytes, raw_length: int, max_frame_bytes: int, zstd: Zstd
 ) -> bytes:
     if codec is Codec.NONE:
         if len(data) != raw_length:
@@ -837,9 +832,7 @@ def _decompress(
     return out
 
 
-def _decode_batch(
-    payload: bytes, compressed: bool, max_frame_bytes: int, zstd: zstandard.ZstdDecompressor | None
-) -> Batch:
+def _decode_batch(payload: bytes, compressed: bool, max_frame_bytes: int, zstd: Zstd) -> Batch:
     if len(payload) < _BATCH_HEAD.size:
         raise remote_error(
             LinkErrorCode.MALFORMED, f"BATCH payload of {len(payload)} bytes is too short"
