@@ -15,13 +15,12 @@ fails, the segment is closed for appending and the next open cuts its torn
 tail), so memory never says more than the disk holds.
 
 The egress reads what was just appended, event after event.  The set keeps
-the active segment's last records as the events they encode (at most
-:data:`RECENT_BYTES` of records, filled only after their write succeeded), and
-a read that starts among them is answered from memory: no open, read and CRC
-check of bytes written a moment before.  A read further back would walk up
-to an index interval of records from the sparse index, so the set also keeps
-the offsets of the active segment's last records (a tail index,
-:data:`TAIL_RECORDS`) and starts a read there when it can.
+the active segment's tail, filled only after its write succeeded: the
+offsets of its last :data:`TAIL_RECORDS` records, and the events of the last
+:data:`RECENT_BYTES` of them.  A read that starts among those events is
+answered from memory (no open, read and CRC check of bytes written a moment
+before); one further back in the tail starts at the record it wants, not at
+the sparse index's entry up to an index interval of records before it.
 
 Everything is synchronous file I/O on the caller's thread.
 """
@@ -59,16 +58,14 @@ class SegmentSet:
         self.appended = 0
         self.fsyncs = 0
         self.dirty = False  # written since the last fsync of the active segment
-        # The tail index: (seq, offset) of the last records written to _tail_of.
+        # The tail: (seq, offset) of the last records written to _tail_of, and
+        # the events of the last of them (_tail_events[i] is the record of
+        # _tail_seqs[len(_tail_seqs) - len(_tail_events) + i]), their bytes.
         self._tail_of: Segment | None = None
         self._tail_seqs: list[int] = []
         self._tail_offsets: list[int] = []
-        # The last events written to _recent_of (a contiguous run up to its
-        # last record), their seqs and their records' bytes.
-        self._recent_of: Segment | None = None
-        self._recent: list[Event] = []
-        self._recent_seqs: list[int] = []
-        self._recent_bytes = 0
+        self._tail_events: list[Event] = []
+        self._tail_event_bytes = 0
 
     def adopt(self, segments: list[Segment]) -> None:
         """Take the segments a scan found; the last one becomes the active one."""
@@ -114,8 +111,7 @@ class SegmentSet:
         for seq, offset in notes:
             seg.note_record(seq, offset, seg.count)
             seg.count += 1
-        self._note_tail(seg, notes)
-        self._note_recent(seg, events, len(pending))
+        self._note_tail(seg, notes, events, len(pending))
         seg.last_seq = self.last_seqs[-1] = self.last_seq = notes[-1][0]
         self.appended += len(notes)
         self.bytes += len(pending)
@@ -125,41 +121,41 @@ class SegmentSet:
         notes.clear()
         events.clear()
 
-    def _note_tail(self, seg: Segment, notes: list[tuple[int, int]]) -> None:
+    def _note_tail(
+        self, seg: Segment, notes: list[tuple[int, int]], events: list[Event], size: int
+    ) -> None:
         if self._tail_of is not seg:
             self._tail_of, self._tail_seqs, self._tail_offsets = seg, [], []
+            self._tail_events, self._tail_event_bytes = [], 0
         self._tail_seqs += [seq for seq, _ in notes]
         self._tail_offsets += [offset for _, offset in notes]
+        self._tail_events += events
+        self._tail_event_bytes += size
         if len(self._tail_seqs) > 2 * TAIL_RECORDS:
             del self._tail_seqs[:-TAIL_RECORDS], self._tail_offsets[:-TAIL_RECORDS]
-
-    def _note_recent(self, seg: Segment, events: list[Event], size: int) -> None:
-        if self._recent_of is not seg:
-            self._recent_of, self._recent, self._recent_seqs = seg, [], []
-            self._recent_bytes = 0
-        self._recent += events
-        self._recent_seqs += [event[0] for event in events]
-        self._recent_bytes += size
-        if self._recent_bytes > 2 * RECENT_BYTES:
-            drop, left = 0, self._recent_bytes
-            while left > RECENT_BYTES:
-                left -= sf.HEADER_SIZE + len(self._recent[drop][2])
+        kept = self._tail_events
+        if self._tail_event_bytes > 2 * RECENT_BYTES or len(kept) > len(self._tail_seqs):
+            drop, left = 0, self._tail_event_bytes
+            while left > RECENT_BYTES or len(kept) - drop > len(self._tail_seqs):
+                left -= sf.HEADER_SIZE + len(kept[drop][2])
                 drop += 1
-            del self._recent[:drop], self._recent_seqs[:drop]
-            self._recent_bytes = left
+            del kept[:drop]
+            self._tail_event_bytes = left
 
     def _read_recent(self, seg: Segment, after: int, max_bytes: int) -> list[Event] | None:
         """The events of ``seg`` above ``after`` within ``max_bytes`` (as
         :func:`gateway.spoolfile.read_segment` counts), from memory; None
-        unless the recent events hold the first of them."""
-        seqs = self._recent_seqs
-        if self._recent_of is not seg or not seqs:
+        unless the tail's events hold the first of them."""
+        seqs, events = self._tail_seqs, self._tail_events
+        if self._tail_of is not seg or not events:
             return None
-        if seqs[0] > after and len(seqs) < seg.count:
+        k = bisect.bisect_right(seqs, after)
+        first = len(seqs) - len(events)  # where the events begin in the tail
+        if k < first or (k == 0 and len(seqs) < seg.count):
             return None  # it starts in records that are on disk only
         out: list[Event] = []
         budget = max_bytes
-        for event in self._recent[bisect.bisect_right(seqs, after) :]:
+        for event in events[k - first :]:
             size = sf.HEADER_SIZE + len(event[2])
             if out and size > budget:
                 break
