@@ -49,8 +49,9 @@ size (each load for ``--step`` seconds), with the share of the machine's
 cores all processes used and the lag: what a message costs when each one
 wakes every process on its way, as at any load below saturation; with
 ``--profile DIR`` py-spy records the egress, the ingress, one standby of
-each site and the brokers at the ends during each step.  Both tables end with the share of the
-processes' CPU that was system time (their system calls).
+each site and the brokers at the ends during each step.  Both tables end
+with the share of the processes' CPU that was system time (their system
+calls).
 
 Metrics cost: one burst of unpaced publishes on fresh sites with
 metrics off and on (``TwoSites(metrics=False|True)``); the ratio of delivered/s
@@ -118,8 +119,7 @@ def egress_lag(two: TwoSites) -> float | None:
         if site != "site-p":
             continue
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as r:
-                doc = json.load(r)
+            doc = status_doc(f"http://127.0.0.1:{port}/status", timeout=2)
         except OSError:
             continue
         if doc.get("role") == "egress" and isinstance(doc.get("lag_seconds"), (int, float)):
@@ -202,9 +202,15 @@ def publisher_node(two: TwoSites, i: int) -> int:
     return two.nodes[i % len(two.nodes)]
 
 
+def status_doc(url: str, timeout: float = 5) -> dict[str, Any]:
+    """A sidecar's ``/status`` document."""
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        doc: dict[str, Any] = json.load(r)
+    return doc
+
+
 def sidecar_role(two: TwoSites, cluster: str, n: int) -> str:
-    with urllib.request.urlopen(two.status_url(cluster, n), timeout=5) as r:
-        return str(json.load(r).get("role"))
+    return str(status_doc(two.status_url(cluster, n)).get("role"))
 
 
 # The process roles of the CPU table, in the order printed.
@@ -334,8 +340,8 @@ def cpu_paced(
     load (``step_s`` seconds each) through one pair of fresh sites, with the
     share of the machine's cores all processes used over the step; the
     sidecars' spools with ``spool_fsync``.  With ``profile``, py-spy records
-    the two gateway halves and one standby of each site meanwhile (the
-    tables are printed and written to ``profile``)."""
+    the processes of :data:`PACED_PROFILED` meanwhile (the tables are
+    printed and written to ``profile``)."""
     results = []
     with TwoSites(
         nodes=nodes,
@@ -481,14 +487,9 @@ def resync_rate(workdir: Path, count: int) -> dict[str, float]:
         egress = next(n for n in two.nodes if sidecar_role(two, "site-p", n) == "egress")
         url = two.status_url("site-p", egress)
 
-        def status() -> dict[str, Any]:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                doc: dict[str, Any] = json.load(r)
-            return doc
-
         def wait(what: str, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
             deadline = time.monotonic() + 600
-            while not done(doc := status()):
+            while not done(doc := status_doc(url)):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the resync bench waited 10 minutes for {what}")
                 time.sleep(0.02)  # polling another process

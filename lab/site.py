@@ -403,10 +403,10 @@ class TwoSites(Started):
     ) -> None:
         """``spool_fsync``: the sidecars' ``spool.fsync`` (``never`` here: the
         lab's runs measure drgate, not this machine's disk; ``batch`` is the
-        production default).  ``tls``: the link runs mutual TLS with certificates made in
-        WORKDIR/tls (lab/certs.py), as a production pair would; False runs it
-        with ``insecure: true``.  ``verify_s``: the sites compare their copies
-        this often (the sidecars' ``link.verify_s``; None: its default).
+        production default).  ``tls``: the link runs mutual TLS with
+        certificates made in WORKDIR/tls (lab/certs.py), as a production pair
+        would; False runs it with ``insecure: true``.  ``verify_s``: the sites
+        compare their copies this often (the sidecars' ``link.verify_s``; None: its default).
         ``reversible``: every sidecar's config links both ways (P's sidecars
         listen too, D's list them as ``peers``, behind emulators of their
         own, ``wan-back-N``), so a planned switchover swaps the sites' roles
