@@ -294,8 +294,7 @@ def cpu_burst(
         "nodes": nodes,
         "delivered": result["delivered"],
         "delivered_per_s": result["delivered_per_s"],
-        **per_message(spent, roles, result["delivered"]),
-        "kernel_share": meter.kernel_share(spent),
+        **per_message(spent, meter, roles, result["delivered"]),
         "profiles": files,
     }
 
@@ -318,14 +317,24 @@ def profiled_roles(roles: dict[str, tuple[str, int]], names: dict[str, str]) -> 
 
 
 def per_message(
-    spent: dict[str, float], roles: dict[str, tuple[str, int]], delivered: int
+    spent: dict[str, float], meter: CpuMeter, roles: dict[str, tuple[str, int]], delivered: int
 ) -> dict[str, Any]:
     """µs of CPU per delivered message of each process (``spent``: seconds
-    by process name), grouped by role, and their sum."""
+    by process name) and its wake-ups per message (``meter.wakeups``),
+    grouped by role, and their sums."""
     by_role: dict[str, list[float]] = {}
+    wakeups: dict[str, list[float]] = {}
+    messages = max(1, delivered)
     for name, seconds in spent.items():
-        by_role.setdefault(roles[name][0], []).append(1e6 * seconds / max(1, delivered))
-    return {"us_per_message": by_role, "total_us": sum(sum(v) for v in by_role.values())}
+        by_role.setdefault(roles[name][0], []).append(1e6 * seconds / messages)
+        wakeups.setdefault(roles[name][0], []).append(meter.wakeups[name] / messages)
+    return {
+        "us_per_message": by_role,
+        "total_us": sum(sum(v) for v in by_role.values()),
+        "wakeups_per_message": wakeups,
+        "total_wakeups": sum(sum(v) for v in wakeups.values()),
+        "kernel_share": meter.kernel_share(spent),
+    }
 
 
 def cpu_paced(
@@ -375,8 +384,7 @@ def cpu_paced(
                 {
                     "label": f"{load}/s offered",
                     "delivered_per_s": result["delivered_per_s"],
-                    **per_message(spent, roles, result["delivered"]),
-                    "kernel_share": meter.kernel_share(spent),
+                    **per_message(spent, meter, roles, result["delivered"]),
                     "cores": sum(spent.values()) / elapsed,
                     "p50_ms": result["p50_ms"],
                     "p99_ms": result["p99_ms"],
@@ -386,26 +394,14 @@ def cpu_paced(
 
 
 def print_cpu(results: list[dict[str, Any]]) -> None:
-    """The µs CPU per message table, one column per site size (or load)."""
+    """The µs CPU per message table, one column per site size (or load),
+    then the wake-ups per message of the same processes."""
     header = f"{'process role (µs CPU / message delivered at D)':<46}"
-    header += "".join(
+    columns = "".join(
         f"{r.get('label', str(r.get('nodes')) + ' node(s)/site'):>26}" for r in results
     )
-    print("\n" + header)
-    roles = list(CPU_ROLES)
-    for r in results:
-        roles += [k for k in r["us_per_message"] if k not in roles]
-    for role in roles:
-        cells = []
-        for r in results:
-            values = r["us_per_message"].get(role)
-            if not values:
-                cells.append("—")
-            elif len(values) == 1:
-                cells.append(f"{values[0]:.0f}")
-            else:
-                cells.append(" / ".join(f"{v:.0f}" for v in sorted(values)) + " each")
-        print(f"{role:<46}" + "".join(f"{c:>26}" for c in cells))
+    print("\n" + header + columns)
+    _role_rows(results, "us_per_message", "", "{:.0f}")
     print(f"{'all processes':<46}" + "".join(f"{r['total_us']:>26.0f}" for r in results))
     print(
         f"{'of which in the kernel (system time)':<46}"
@@ -426,6 +422,33 @@ def print_cpu(results: list[dict[str, Any]]) -> None:
             f"{'lag p50 / p99 (ms)':<46}"
             + "".join(f"{r['p50_ms']:>17.0f} / {r['p99_ms']:>4.0f}" for r in results)
         )
+    # Each a wait for a socket or a timer that ended: below saturation a
+    # process's cost per message follows how few messages a wake-up finds.
+    print("\n" + f"{'process role (wake-ups / message at D)':<46}" + columns)
+    _role_rows(results, "wakeups_per_message", ", wake-ups", "{:.2f}")
+    print(
+        f"{'all processes, wake-ups':<46}"
+        + "".join(f"{r['total_wakeups']:>26.1f}" for r in results)
+    )
+
+
+def _role_rows(results: list[dict[str, Any]], key: str, suffix: str, form: str) -> None:
+    """One row per process role of ``results[i][key]`` (role: a value per
+    process), each label with ``suffix``, each value formatted by ``form``."""
+    roles = list(CPU_ROLES)
+    for r in results:
+        roles += [k for k in r[key] if k not in roles]
+    for role in roles:
+        cells = []
+        for r in results:
+            values = r[key].get(role)
+            if not values:
+                cells.append("—")
+            elif len(values) == 1:
+                cells.append(form.format(values[0]))
+            else:
+                cells.append(" / ".join(form.format(v) for v in sorted(values)) + " each")
+        print(f"{role + suffix:<46}" + "".join(f"{c:>26}" for c in cells))
 
 
 def bus_ceiling(backend: str, count: int) -> float:

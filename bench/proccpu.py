@@ -6,7 +6,11 @@ benches (bench/e2e_bench.py, bench/peer_rabbitmq.py) print per process role.
   ``stop`` (a RabbitMQ node is a shell script whose Erlang VM is a child);
   the difference over the messages delivered is the cost per message, and
   the system part of it (``kernel``) is what the processes' system calls
-  cost: socket sends and receives, epoll, the spool's writes.
+  cost: socket sends and receives, epoll, the spool's writes.  It also
+  counts their wake-ups (``wakeups``): the voluntary context switches of
+  every thread (``/proc/PID/task/TID/status``), each a wait for I/O or a
+  timer that ended.  Below saturation a process's cost follows how many
+  messages each wake-up finds waiting.
 * :class:`Profiler` runs ``py-spy record --format raw --gil`` against
   processes while a burst runs (py-spy on the PATH, or
   ``PY_SPY=/path/to/py-spy``; none: no profile) and :func:`summarize` turns
@@ -43,8 +47,27 @@ def _stat(pid: int) -> tuple[int, float, float] | None:
     return int(fields[1]), int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
-def tree_cpu(pids: dict[str, int]) -> dict[str, tuple[float, float]]:
-    """(user, system) CPU seconds of each named process and its living descendants."""
+def _wakeups(pid: int) -> int:
+    """Voluntary context switches of every thread of ``pid`` (0 when it is gone)."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue  # the thread ended
+        for line in text.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+    return total
+
+
+def tree_cpu(pids: dict[str, int]) -> dict[str, tuple[float, float, int]]:
+    """(user, system) CPU seconds and wake-ups of each named process and its
+    living descendants."""
     stats: dict[int, tuple[int, float, float]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -57,25 +80,29 @@ def tree_cpu(pids: dict[str, int]) -> dict[str, tuple[float, float]]:
     result = {}
     for name, root in pids.items():
         user = system = 0.0
+        wakeups = 0
         todo = [root]
         while todo:
             pid = todo.pop()
             if pid in stats:
                 user += stats[pid][1]
                 system += stats[pid][2]
+                wakeups += _wakeups(pid)
             todo.extend(children.get(pid, ()))
-        result[name] = (user, system)
+        result[name] = (user, system, wakeups)
     return result
 
 
 class CpuMeter:
     """CPU seconds each named process (tree) spent between start and stop;
-    ``kernel``: the system part of them, after ``stop``."""
+    ``kernel``: the system part of them, ``wakeups``: how many times its
+    threads woke, after ``stop``."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
-        self._before: dict[str, tuple[float, float]] = {}
+        self._before: dict[str, tuple[float, float, int]] = {}
         self.kernel: dict[str, float] = {}
+        self.wakeups: dict[str, int] = {}
 
     def start(self) -> None:
         self._before = tree_cpu(self.pids)
@@ -84,10 +111,11 @@ class CpuMeter:
         after = tree_cpu(self.pids)
         spent = {}
         for name in self.pids:
-            user, system = after[name]
-            user0, system0 = self._before.get(name, (0.0, 0.0))
+            user, system, wakeups = after[name]
+            user0, system0, wakeups0 = self._before.get(name, (0.0, 0.0, 0))
             spent[name] = user - user0 + system - system0
             self.kernel[name] = system - system0
+            self.wakeups[name] = wakeups - wakeups0
         return spent
 
     def kernel_share(self, spent: dict[str, float]) -> float:
