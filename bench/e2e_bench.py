@@ -422,8 +422,8 @@ def print_cpu(results: list[dict[str, Any]]) -> None:
             f"{'lag p50 / p99 (ms)':<46}"
             + "".join(f"{r['p50_ms']:>17.0f} / {r['p99_ms']:>4.0f}" for r in results)
         )
-    # Each a wait for a socket or a timer that ended: below saturation a
-    # process's cost per message follows how few messages a wake-up finds.
+    # Each a wait for a socket or a timer that ended: how many messages a
+    # turn of each process finds (docs/performance.md, eleventh round).
     print("\n" + f"{'process role (wake-ups / message at D)':<46}" + columns)
     _role_rows(results, "wakeups_per_message", ", wake-ups", "{:.2f}")
     print(

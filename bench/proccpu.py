@@ -9,8 +9,9 @@ benches (bench/e2e_bench.py, bench/peer_rabbitmq.py) print per process role.
   cost: socket sends and receives, epoll, the spool's writes.  It also
   counts their wake-ups (``wakeups``): the voluntary context switches of
   every thread (``/proc/PID/task/TID/status``), each a wait for I/O or a
-  timer that ended.  Below saturation a process's cost follows how many
-  messages each wake-up finds waiting.
+  timer that ended: how many messages a turn of each process finds
+  (docs/performance.md, eleventh round: below saturation the count alone
+  does not decide the cost).
 * :class:`Profiler` runs ``py-spy record --format raw --gil`` against
   processes while a burst runs (py-spy on the PATH, or
   ``PY_SPY=/path/to/py-spy``; none: no profile) and :func:`summarize` turns
