@@ -97,7 +97,10 @@ def tree_cpu(pids: dict[str, int]) -> dict[str, tuple[float, float, int]]:
 class CpuMeter:
     """CPU seconds each named process (tree) spent between start and stop;
     ``kernel``: the system part of them, ``wakeups``: how many times its
-    threads woke, after ``stop``."""
+    threads woke, after ``stop``.  /proc keeps a thread's switches only
+    while it lives: one that ends in between (trio's idle worker threads
+    end after 10 s) takes its count with it, so a figure may be a little
+    low, never high."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
