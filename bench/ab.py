@@ -11,8 +11,9 @@ tree, BASE, this tree, ...  BASE is checked out in a work tree of its own
 Ctrl-C); each run is ``bench/e2e_bench.py ARGS`` started from its tree with
 this tree's interpreter, under the lock the corosync tests and ``make chaos``
 take (``/tmp/drgate-corosync.lock``), so that none of them shares the cores
-with it.  Uncommitted changes here are measured as they are; BASE is what
-git has.
+with it; a run that has to wait for the lock says so (run under ``flock`` on
+the same lock, it would wait for itself).  Uncommitted changes here are
+measured as they are; BASE is what git has.
 
 What it prints: for every table row the runs print (the µs of CPU per
 message of each process role, all processes, delivered/s, the cores busy,
@@ -116,7 +117,15 @@ def work_tree(rev: str) -> Iterator[Path]:
 def run(tree: Path, args: list[str]) -> str:
     """One run of the bench from ``tree``, under the lock; its output."""
     with LOCK.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(
+                f"  waiting for {LOCK}: a corosync test, make chaos or another bench holds "
+                "it (under `flock` on the same lock, make bench-ab waits for itself)",
+                flush=True,
+            )
+            fcntl.flock(lock, fcntl.LOCK_EX)
         done = subprocess.run(
             [sys.executable, "bench/e2e_bench.py", *args],
             cwd=tree,

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
@@ -42,3 +48,32 @@ def test_rounds_of_both_trees_stand_side_by_side_per_column() -> None:
     assert "500/s offered: BASE rounds | this tree's rounds" in text
     assert "2840; 2900  |  2500" in text
     assert "1542; 1542  |  1542" in text
+
+
+def test_a_run_that_must_wait_for_the_lock_says_so_and_then_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = tmp_path / "corosync.lock"
+    monkeypatch.setattr(ab, "LOCK", lock)
+    ran: list[list[str]] = []
+
+    def bench(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout="the tables", stderr="")
+
+    monkeypatch.setattr(ab.subprocess, "run", bench)
+    with lock.open("a") as held:  # another holder: a description of its own
+        fcntl.flock(held, fcntl.LOCK_EX)
+        outputs: list[str] = []
+        worker = threading.Thread(target=lambda: outputs.append(ab.run(tmp_path, ["--x"])))
+        worker.start()
+        deadline = time.monotonic() + 10
+        said = ""
+        while "waiting for" not in said and time.monotonic() < deadline:
+            said += capsys.readouterr().out
+            worker.join(0.01)  # the run's thread, on a deadline, not a sleep
+        assert f"waiting for {lock}" in said
+        assert not ran, "the bench ran while another held the lock"
+        fcntl.flock(held, fcntl.LOCK_UN)
+    worker.join(10)
+    assert outputs == ["the tables"] and ran
