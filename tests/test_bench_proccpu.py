@@ -11,25 +11,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from proccpu import CpuMeter
 
-# Waits for its stdin, then sleeps 40 times in a thread of its own and 40
-# times in a child process, both alive until the end: at least 80 wake-ups,
-# none of them in the main thread's count.
+# Waits for its stdin, then a thread of its own and a child process pass a
+# byte back and forth 100 times over pipes: in each round one of them waits
+# for the other (which one depends on the scheduler), and both stay alive
+# until the end: 80 wake-ups at least, with room for rounds in which neither
+# waited; the main thread alone waits only a few times.
 NAPPER = """
-import subprocess, sys, threading, time
-CHILD = "import time\\nfor _ in range(40): time.sleep(0.001)\\nprint(flush=True)\\ninput()"
+import os, subprocess, sys, threading
+CHILD = "import os\\nfor _ in range(100): os.write(1, os.read(0, 1))\\nos.read(0, 1)"
 sys.stdin.readline()
-napped, done = threading.Event(), threading.Event()
-def nap():
-    for _ in range(40):
-        time.sleep(0.001)
-    napped.set()
-    done.wait()
-worker = threading.Thread(target=nap)
-worker.start()
+passed, done = threading.Event(), threading.Event()
 pipe = subprocess.PIPE
-child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=pipe, stdout=pipe)
-child.stdout.readline()
-napped.wait()
+child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=pipe, stdout=pipe, bufsize=0)
+def pass_bytes():
+    for _ in range(100):
+        child.stdin.write(b"x")
+        assert child.stdout.read(1) == b"x"
+    passed.set()
+    done.wait()
+worker = threading.Thread(target=pass_bytes)
+worker.start()
+passed.wait()
 print("napped", flush=True)
 sys.stdin.readline()
 done.set()
@@ -50,7 +52,7 @@ def test_the_wake_ups_of_every_thread_and_child_are_counted() -> None:
             proc.stdin.flush()
             assert proc.stdout.readline() == "napped\n"
             meter.stop()
-            assert meter.wakeups["napper"] >= 80, "a thread's or a child's naps were not counted"
+            assert meter.wakeups["napper"] >= 80, "a thread's or a child's waits were not counted"
             proc.stdin.write("end\n")
             proc.stdin.flush()
             proc.wait(timeout=30)
